@@ -1,0 +1,28 @@
+"""Fixtures shared by several test modules."""
+
+import os
+
+import pytest
+import torchvision.datasets.cifar
+
+
+@pytest.fixture
+def cifar_md5_off(monkeypatch):
+    """Fake CIFAR files cannot match torchvision's MD5s; check only that they exist."""
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda path, md5=None: os.path.isfile(path))
+
+
+@pytest.fixture(autouse=True)
+def own_wandb_service(monkeypatch):
+    """An in-process W&B run exports WANDB_SERVICE; a child process would then share this
+    process's service, which still holds the run id of a child killed earlier ("run ID in use").
+    On a cluster every job starts its own service, so the tests do too."""
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+
+
+@pytest.fixture
+def no_wandb_settings(monkeypatch, tmp_path):
+    """No key, no mode: runs must go offline by themselves; a private data cache per test."""
+    for key in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("VITDEPTH_CACHE", str(tmp_path / "cache"))

@@ -1,0 +1,124 @@
+"""Metrics on inputs whose answers are known analytically, and their invariances."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vitdepth.metrics import (
+    attention_entropy,
+    attention_similarity,
+    composite_norm,
+    effective_rank,
+    layer_metrics,
+    rel_residual,
+    stable_rank,
+    token_cosine,
+)
+from vitdepth.rundir import LAYER_METRICS
+
+TOKEN_METRICS = {
+    "rel_residual": rel_residual,
+    "rel_residual_fro": lambda x: rel_residual(x, norm="fro"),
+    "effective_rank": effective_rank,
+    "stable_rank": stable_rank,
+    "token_cosine": token_cosine,
+}
+
+
+def rank_one(batch=3, n=7, c=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.ones(batch, n, 1) * torch.randn(batch, 1, c, generator=g)
+
+
+def test_rank_one_tokens_are_fully_collapsed():
+    x = rank_one()
+    assert torch.allclose(rel_residual(x), torch.zeros(3, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(rel_residual(x, norm="fro"), torch.zeros(3, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(effective_rank(x), torch.ones(3, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(stable_rank(x), torch.ones(3, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(token_cosine(x), torch.ones(3, dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [2, 5, 16])
+def test_orthonormal_tokens_have_known_values(n):
+    x = torch.eye(n).unsqueeze(0)  # n orthonormal tokens
+    # res = I - J/n: Frobenius^2 = n - 1; every column/row abs-sum = (1 - 1/n) + (n - 1)/n.
+    assert rel_residual(x, norm="fro").item() == pytest.approx(math.sqrt((n - 1) / n))
+    assert rel_residual(x).item() == pytest.approx(2 * (n - 1) / n)
+    assert effective_rank(x).item() == pytest.approx(n)
+    assert stable_rank(x).item() == pytest.approx(n)
+    assert token_cosine(x).item() == pytest.approx(0.0)
+
+
+def test_metrics_are_per_sample_never_over_a_flattened_batch():
+    collapsed = rank_one(batch=1)
+    diverse = torch.randn(1, 7, 5, generator=torch.Generator().manual_seed(1))
+    x = torch.cat([collapsed, diverse])
+    r = rel_residual(x)
+    assert r[0].item() < 1e-12 and r[1].item() > 0.3
+    # the same diverse sample alone gives the same value: nothing leaks across the batch
+    assert rel_residual(diverse)[0].item() == pytest.approx(r[1].item(), rel=1e-12)
+
+
+def test_metrics_run_in_float64_even_under_bf16_autocast():
+    x = torch.randn(2, 9, 8, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        values = [f(x) for f in TOKEN_METRICS.values()]
+    assert all(v.dtype == torch.float64 and v.shape == (2,) for v in values)
+    exact = rel_residual(x.double())
+    assert torch.allclose(values[0], exact, rtol=1e-12)
+
+
+def test_composite_norm_bounds_the_spectral_norm():
+    x = torch.randn(20, 11, 6, dtype=torch.float64)
+    assert (torch.linalg.matrix_norm(x, 2) <= composite_norm(x) + 1e-12).all()
+
+
+matrices = st.integers(min_value=0, max_value=10_000).map(
+    lambda seed: torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+
+
+@settings(max_examples=30, deadline=None)
+@given(x=matrices, scale=st.floats(min_value=1e-3, max_value=1e3), seed=st.integers(0, 1000))
+def test_metrics_invariant_to_token_permutation_and_scale(x, scale, seed):
+    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(seed))
+    for name, metric in TOKEN_METRICS.items():
+        base = metric(x)
+        assert torch.allclose(metric(x[:, perm]), base, rtol=1e-9, atol=1e-12), name
+        assert torch.allclose(metric(scale * x), base, rtol=1e-9, atol=1e-12), name
+
+
+def test_attention_entropy_uniform_is_one_and_one_hot_is_zero():
+    n = 6
+    uniform = torch.full((1, 2, n, n), 1 / n)
+    one_hot = torch.eye(n).expand(1, 2, n, n)
+    assert torch.allclose(attention_entropy(uniform), torch.ones(1, 2, dtype=torch.float64))
+    assert torch.allclose(attention_entropy(one_hot), torch.zeros(1, 2, dtype=torch.float64))
+
+
+def test_attention_similarity_of_a_map_with_itself_is_one_and_of_disjoint_maps_zero():
+    a = torch.softmax(torch.randn(2, 3, 5, 5), -1)
+    assert torch.allclose(attention_similarity(a, a), torch.ones(2, dtype=torch.float64))
+    n = 4
+    identity = torch.eye(n).expand(1, 1, n, n)
+    shifted = identity.roll(1, dims=-1)
+    assert attention_similarity(identity, shifted).item() == pytest.approx(0.0)
+
+
+def test_layer_metrics_columns_follow_the_run_directory_contract():
+    x = torch.randn(2, 5, 4)
+    assert tuple(layer_metrics(x, None, num_prefix_tokens=1)) == LAYER_METRICS
+    assert torch.isnan(layer_metrics(x, None, 1)["attn_entropy"]).all()
+
+
+def test_non_finite_samples_give_nan_without_raising():
+    x = torch.randn(3, 6, 4)
+    x[1, 2, 0] = float("nan")
+    x[2, 0, 0] = float("inf")
+    for name, metric in TOKEN_METRICS.items():
+        values = metric(x)
+        assert torch.isfinite(values[0]), name
+        assert not torch.isfinite(values[1:]).any(), name

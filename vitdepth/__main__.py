@@ -1,0 +1,5 @@
+import sys
+
+from vitdepth.cli import main
+
+sys.exit(main())

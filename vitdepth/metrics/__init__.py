@@ -1,0 +1,76 @@
+"""Pure metric functions of tensors; this package imports torch and nothing of vitdepth's models."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from vitdepth.metrics.attention import attention_entropy, attention_similarity
+from vitdepth.metrics.rank import (
+    composite_norm,
+    effective_rank,
+    effective_rank_of_spectrum,
+    gram_spectrum,
+    l1_norm,
+    linf_norm,
+    rel_residual,
+    residual_ratio,
+    squared_singular_values,
+    stable_rank,
+    stable_rank_of_spectrum,
+    token_cosine,
+    token_cosine_of_gram,
+    token_residual,
+)
+
+__all__ = [
+    "attention_entropy",
+    "attention_similarity",
+    "composite_norm",
+    "effective_rank",
+    "effective_rank_of_spectrum",
+    "gram_spectrum",
+    "l1_norm",
+    "layer_metrics",
+    "linf_norm",
+    "rel_residual",
+    "residual_ratio",
+    "squared_singular_values",
+    "stable_rank",
+    "stable_rank_of_spectrum",
+    "token_cosine",
+    "token_cosine_of_gram",
+    "token_residual",
+]
+
+
+def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -> dict[str, Tensor]:
+    """Every per-layer metric, each (B,), in the column order of ``vitdepth.rundir.LAYER_METRICS``.
+
+    Residual and ranks use all tokens (class token included, as Dong et al.'s code does);
+    token_cosine uses patch tokens only, as DiversePatch defines it. attn_entropy is NaN where
+    there is no attention map (layer 0, the embedding output).
+
+    The same values as calling each metric, computed with less work: inputs are cast to float64
+    once, both residual norms share one residual, and when N <= C one token Gram matrix X Xᵀ
+    serves the spectrum (effective and stable rank) and the patch-token cosines.
+    """
+    n, c = tokens.shape[-2:]
+    nan = torch.full((tokens.shape[0],), float("nan"), dtype=torch.float64, device=tokens.device)
+    with torch.autocast(tokens.device.type, enabled=False):
+        x = tokens.detach().to(torch.float64)  # the metrics' own casts are then no-ops
+        res = token_residual(x)
+        if n <= c:
+            gram = x @ x.transpose(-1, -2)  # (B,N,N)
+            s2 = gram_spectrum(gram)
+            cosine = token_cosine_of_gram(gram[:, num_prefix_tokens:, num_prefix_tokens:])
+        else:
+            s2, cosine = squared_singular_values(x), token_cosine(x[:, num_prefix_tokens:])
+        return {
+            "rel_residual": residual_ratio(res, x, "composite"),
+            "rel_residual_fro": residual_ratio(res, x, "fro"),
+            "effective_rank": effective_rank_of_spectrum(s2),
+            "stable_rank": stable_rank_of_spectrum(s2),
+            "token_cosine": cosine,
+            "attn_entropy": nan if attn is None else attention_entropy(attn).mean(-1),
+        }

@@ -1,0 +1,146 @@
+"""Token-uniformity metrics of token matrices X (B, N, C), computed per sample in float64.
+
+Every function returns one value per sample, shape (B,): a batch is never flattened into one
+(B*N, C) matrix, because diversity between images would hide collapse within each image.
+Formulas: ../science.md §4 (Dong et al. 2021; Roy & Vetterli 2007; Gong et al. 2021).
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import Tensor
+
+
+def float64_no_autocast(fn):
+    """Run a metric in float64 with autocast off: bf16 would floor every metric near 1e-2."""
+
+    @functools.wraps(fn)
+    def wrapper(*tensors: Tensor, **kwargs):
+        with torch.autocast(tensors[0].device.type, enabled=False):
+            return fn(*(t.detach().to(torch.float64) for t in tensors), **kwargs)
+
+    return wrapper
+
+
+def l1_norm(x: Tensor) -> Tensor:
+    """Induced 1-norm of each matrix in (..., N, C): the largest column abs-sum."""
+    return x.abs().sum(-2).amax(-1)
+
+
+def linf_norm(x: Tensor) -> Tensor:
+    """Induced inf-norm of each matrix in (..., N, C): the largest row abs-sum."""
+    return x.abs().sum(-1).amax(-1)
+
+
+def composite_norm(x: Tensor) -> Tensor:
+    """Dong et al.'s ||X||_{1,inf} = sqrt(||X||_1 ||X||_inf); bounds the spectral norm from above."""
+    magnitude = x.abs()  # once for both norms: l1_norm and linf_norm would each take it
+    return torch.sqrt(magnitude.sum(-2).amax(-1) * magnitude.sum(-1).amax(-1))
+
+
+def token_residual(x: Tensor) -> Tensor:
+    """res(X) = X - 1 x̄ᵀ with x̄ the token mean, as in the authors' code (exact for Frobenius)."""
+    return x - x.mean(dim=-2, keepdim=True)
+
+
+@float64_no_autocast
+def rel_residual(x: Tensor, norm: str = "composite") -> Tensor:
+    """Relative distance to token uniformity, ||res(X)|| / ||X|| (Dong et al. 2021, Fig. 2).
+
+    Args:
+        x: tokens (B, N, C).
+        norm: "composite" for sqrt(||.||_1 ||.||_inf) (the paper's), "fro" for Frobenius
+            (equals Wang et al.'s high-frequency energy ratio ||HC[X]||_F / ||X||_F).
+    """
+    return residual_ratio(token_residual(x), x, norm)
+
+
+def residual_ratio(res: Tensor, x: Tensor, norm: str = "composite") -> Tensor:
+    """``rel_residual`` given res = ``token_residual(x)``, so several norms can share one residual."""
+    if norm == "composite":
+        return composite_norm(res) / composite_norm(x)
+    if norm == "fro":
+        return torch.linalg.matrix_norm(res, "fro") / torch.linalg.matrix_norm(x, "fro")
+    raise ValueError(f"norm must be 'composite' or 'fro', got {norm!r}")
+
+
+def squared_singular_values(x: Tensor) -> Tensor:
+    """sigma_i^2 of each (N, C) matrix, descending, from the eigenvalues of the smaller Gram matrix.
+
+    Several times cheaper than an SVD; in float64 it matches ``svdvals`` to ~1e-8 relative to
+    sigma_1, far below what effective or stable rank can resolve.
+    """
+    return gram_spectrum(x @ x.transpose(-1, -2) if x.shape[-2] <= x.shape[-1] else x.transpose(-1, -2) @ x)
+
+
+def gram_spectrum(gram: Tensor) -> Tensor:
+    """Eigenvalues of Gram matrices X Xᵀ or Xᵀ X (..., K, K), descending: the sigma_i^2 of X.
+
+    Samples with a non-finite entry in X get NaN (eigvalsh raises on them). Such an entry makes
+    its row's (or column's) squared norm, a diagonal entry of the Gram matrix, non-finite, and a
+    finite diagonal bounds every entry (Cauchy-Schwarz), so the diagonal alone tells.
+    """
+    bad = ~torch.isfinite(gram.diagonal(dim1=-2, dim2=-1)).all(-1)
+    s2 = eigvalsh_in_threads(gram.masked_fill(bad[..., None, None], 0.0)).flip(-1).clamp_min(0)
+    return s2.masked_fill(bad[..., None], float("nan"))
+
+
+def eigvalsh_in_threads(matrices: Tensor) -> Tensor:
+    """``torch.linalg.eigvalsh`` of a batch (..., K, K), split over torch's intra-op threads.
+
+    On CPU, LAPACK solves a batch one matrix at a time on one core, and for the probe's small Gram
+    matrices that is the largest single cost of the metrics; torch releases the GIL inside, so
+    Python threads run the chunks in parallel.
+    """
+    flat = matrices.reshape(-1, *matrices.shape[-2:])
+    workers = min(torch.get_num_threads(), flat.shape[0])
+    if matrices.device.type != "cpu" or workers < 2:
+        return torch.linalg.eigvalsh(matrices)
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(torch.linalg.eigvalsh, flat.chunk(workers)))
+    return torch.cat(parts).reshape(matrices.shape[:-1])
+
+
+@float64_no_autocast
+def effective_rank(x: Tensor) -> Tensor:
+    """Roy & Vetterli (2007): exp of the entropy of the normalised singular values of uncentred X.
+
+    1 for a rank-1 (collapsed) X, min(N, C) for orthogonal tokens of equal norm.
+    """
+    return effective_rank_of_spectrum(squared_singular_values(x))
+
+
+def effective_rank_of_spectrum(s2: Tensor) -> Tensor:
+    """``effective_rank`` from sigma_i^2 (..., K), as ``squared_singular_values`` returns them."""
+    s = s2.sqrt()
+    p = s / s.sum(-1, keepdim=True)
+    return torch.exp(-torch.special.xlogy(p, p).sum(-1))
+
+
+@float64_no_autocast
+def stable_rank(x: Tensor) -> Tensor:
+    """||X||_F^2 / ||X||_2^2 = sum(s_i^2) / s_1^2 of uncentred X; 1 on collapse."""
+    return stable_rank_of_spectrum(squared_singular_values(x))
+
+
+def stable_rank_of_spectrum(s2: Tensor) -> Tensor:
+    """``stable_rank`` from sigma_i^2 (..., K), descending."""
+    return s2.sum(-1) / s2[..., 0]
+
+
+@float64_no_autocast
+def token_cosine(x: Tensor) -> Tensor:
+    """Mean |cos| over pairs of distinct tokens (Gong et al. 2021, DiversePatch); 1 on collapse."""
+    return token_cosine_of_gram(x @ x.transpose(-1, -2))
+
+
+def token_cosine_of_gram(gram: Tensor) -> Tensor:
+    """``token_cosine`` from the token Gram matrix X Xᵀ (..., N, N), so it can share the spectrum's."""
+    n = gram.shape[-1]
+    norms = gram.diagonal(dim1=-2, dim2=-1).sqrt().clamp_min(1e-12)  # as F.normalize's eps
+    cos = (gram / (norms[..., :, None] * norms[..., None, :])).abs()
+    off_diagonal = cos.sum((-1, -2)) - cos.diagonal(dim1=-2, dim2=-1).sum(-1)
+    return off_diagonal / (n * (n - 1))

@@ -1,0 +1,117 @@
+"""A probe sees every layer of a timm ViT in one eager forward pass, through hooks.
+
+Layer 0 is the embedding output (after the position embedding, i.e. ``norm_pre``'s output);
+layers 1..depth are the block outputs. Attention maps are recomputed from each block's attention
+input, so the probe works while timm's fused SDPA (which never forms the map) stays on.
+The probe never touches a compiled graph: it unwraps ``torch.compile``'s ``_orig_mod``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from vitdepth.metrics import attention_similarity, layer_metrics
+
+LayerVisitor = Callable[[int, Tensor, "Tensor | None"], None]
+
+
+def attention_map(attn: nn.Module, x: Tensor) -> Tensor:
+    """softmax(q kᵀ / sqrt(d_head)) of a timm ``Attention`` on its input x (B, N, C); (B, H, N, N).
+
+    Attention modules that change the map (e.g. AttnScale) provide ``attention_map(x)`` themselves.
+    """
+    if hasattr(attn, "attention_map"):
+        return attn.attention_map(x)
+    b, n, _ = x.shape
+    qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
+    return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+
+
+def eager(model: nn.Module) -> nn.Module:
+    """The uncompiled module behind a ``torch.compile`` wrapper (hooks on compiled graphs never fire)."""
+    return getattr(model, "_orig_mod", model)
+
+
+@torch.no_grad()
+def run_probe(model: nn.Module, images: Tensor, visit: LayerVisitor) -> Tensor:
+    """Forward ``images`` in eval mode, calling ``visit(layer, tokens, attn)`` as each layer finishes.
+
+    Streaming keeps memory at one layer's maps, which matters for deep ImageNet models.
+    Returns the logits.
+    """
+    model = eager(model)
+    pending: dict[str, Tensor] = {}
+    handles = [model.norm_pre.register_forward_hook(lambda m, i, out: visit(0, out, None))]
+    for index, block in enumerate(model.blocks, start=1):
+        handles.append(block.attn.register_forward_pre_hook(
+            lambda m, args, kwargs: pending.__setitem__("attn", attention_map(m, args[0])), with_kwargs=True))
+        handles.append(block.register_forward_hook(
+            lambda m, i, out, layer=index: visit(layer, out, pending.pop("attn"))))
+    was_training = model.training
+    model.eval()
+    try:
+        return model(images)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+
+
+@dataclass
+class ProbeResult:
+    tokens: list[Tensor]  # depth + 1 tensors (B, N, C)
+    attn: list[Tensor | None]  # depth + 1; None at layer 0
+    logits: Tensor
+
+
+def probe(model: nn.Module, images: Tensor) -> ProbeResult:
+    """Tokens of every layer and every block's attention map, kept in memory (small models only)."""
+    tokens, maps = [], []
+
+    def keep(layer: int, x: Tensor, attn: Tensor | None) -> None:
+        tokens.append(x)
+        maps.append(attn)
+
+    logits = run_probe(model, images, keep)
+    return ProbeResult(tokens, maps, logits)
+
+
+class LayerMeter:
+    """A ``LayerVisitor`` that computes every per-layer metric as the probe streams layers past it.
+
+    ``probe_metrics`` feeds it from a probe pass; the benchmark feeds it stored layers, to time the
+    metrics apart from the forward pass. ``result()`` gives name -> (layers, B) float64.
+    """
+
+    def __init__(self, num_prefix_tokens: int) -> None:
+        self.num_prefix_tokens = num_prefix_tokens
+        self.rows: list[dict[str, Tensor]] = []
+        self.previous: Tensor | None = None  # the last block's map, already float64
+
+    def __call__(self, layer: int, x: Tensor, attn: Tensor | None) -> None:
+        attn = None if attn is None else attn.detach().to(torch.float64)  # cast once, for both attention metrics
+        row = layer_metrics(x, attn, self.num_prefix_tokens)
+        nan = torch.full_like(row["rel_residual"], float("nan"))
+        row["attn_similarity"] = (nan if attn is None or self.previous is None
+                                  else attention_similarity(self.previous, attn))
+        self.previous = attn
+        self.rows.append(row)
+
+    def result(self) -> dict[str, Tensor]:
+        return {name: torch.stack([row[name] for row in self.rows]) for name in self.rows[0]}
+
+
+def probe_metrics(model: nn.Module, images: Tensor) -> dict[str, Tensor]:
+    """Per-layer metrics of one probe pass: name -> (depth + 1, B) float64, computed layer by layer.
+
+    Besides ``vitdepth.rundir.LAYER_METRICS`` it returns ``attn_similarity``: the DeepViT cosine
+    between each block's map and the previous block's (NaN for layers 0 and 1).
+    """
+    meter = LayerMeter(eager(model).num_prefix_tokens)
+    run_probe(model, images, meter)
+    return meter.result()

@@ -1,0 +1,100 @@
+"""The run-directory contract shared by training (writer), sweeps and reports (readers).
+
+A run lives in ``<root>/<group>/<run_id>/`` and holds::
+
+    run.json      flat facts about the run (variant, depth, seed, dataset, params, ...), written at start
+    config.yaml   the resolved LightningCLI config
+    metrics.csv   Lightning's CSVLogger rows (train/loss, val/acc1 as a fraction in [0, 1], ...)
+    layers.csv    one row per layer per probe: epoch, step, layer, <LAYER_METRICS>; epoch -1 marks init
+    status.json   running | finished | diverged | failed, with reason and wall time
+    checkpoints/  last.ckpt, best, and Lightning's hpc_ckpt_*.ckpt after a SLURM requeue signal
+
+This module imports nothing heavy (no torch), so ``report`` runs anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from vitdepth.errors import disk_full_error
+
+RUN_JSON = "run.json"
+CONFIG = "config.yaml"
+METRICS = "metrics.csv"
+LAYERS = "layers.csv"
+STATUS = "status.json"
+CHECKPOINTS = "checkpoints"
+
+# Column order of layers.csv and collapse.csv; vitdepth.metrics.LAYER_METRICS computes them.
+LAYER_METRICS = (
+    "rel_residual",
+    "rel_residual_fro",
+    "effective_rank",
+    "stable_rank",
+    "token_cosine",
+    "attn_entropy",
+)
+LAYERS_COLUMNS = ("epoch", "step", "layer", *LAYER_METRICS)
+INIT_EPOCH = -1  # the epoch value of the probe taken before the first training step
+
+STATUSES = ("running", "finished", "diverged", "failed")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; shared run folders need the usual mode
+        os.replace(tmp, path)
+    except BaseException as error:
+        Path(tmp).unlink(missing_ok=True)
+        full = disk_full_error(error, path) if isinstance(error, OSError) else None
+        if full:
+            raise full from error
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_status(run_dir: str | os.PathLike, status: str, reason: str = "", **extra) -> None:
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    atomic_write_json(Path(run_dir) / STATUS, {"status": status, "reason": reason, **extra})
+
+
+def read_status(run_dir: str | os.PathLike) -> dict | None:
+    path = Path(run_dir) / STATUS
+    return read_json(path) if path.is_file() else None
+
+
+def run_id(config: dict, seed: int, length: int = 10) -> str:
+    """Short stable hash of a config (runtime-only keys already removed) and the seed."""
+    blob = json.dumps({"config": config, "seed": int(seed)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
