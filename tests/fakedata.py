@@ -1,0 +1,33 @@
+"""Small data sets written in the real on-disk formats, for tests of the real loaders."""
+
+import pickle
+
+import numpy as np
+from PIL import Image
+
+
+def write_fake_cifar(root, hundred: bool, n: int = 20) -> dict[str, np.ndarray]:
+    """CIFAR's real on-disk format (pickled dicts with str keys) with random pixels; returns the test data."""
+    rng = np.random.default_rng(0)
+    classes, key = (100, "fine_labels") if hundred else (10, "labels")
+    folder = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
+    folder.mkdir()
+    names = ["train", "test"] if hundred else [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), key: [i % classes for i in range(n)]}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    meta_name, meta_key = ("meta", "fine_label_names") if hundred else ("batches.meta", "label_names")
+    (folder / meta_name).write_bytes(pickle.dumps({meta_key: [f"c{i}" for i in range(classes)]}))
+    return batch
+
+
+def write_image_tree(root, counts: dict[str, dict[str, int]]) -> None:
+    """An ImageFolder tree: counts[split][class] small RGB PNGs."""
+    for split, per_class in counts.items():
+        (root / split).mkdir()
+        for cls, n in per_class.items():
+            (root / split / cls).mkdir()
+            for i in range(n):
+                Image.new("RGB", (40, 30), (10 * i, 100, 200)).save(root / split / cls / f"{i}.png")
+
+

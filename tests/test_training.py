@@ -1,0 +1,135 @@
+"""Training through the real CLI: run directories, W&B offline, resume, every data path, bad input."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from fakedata import write_fake_cifar, write_image_tree
+
+from vitdepth.cli import main
+from vitdepth.lit.cli import resolve_run
+from vitdepth.lit.loggers import decide_wandb_mode
+from vitdepth.rundir import INIT_EPOCH, LAYER_METRICS, read_status
+
+pytestmark = pytest.mark.usefixtures("no_wandb_settings")
+
+TINY = ["--model.embed_dim", "16", "--model.num_heads", "2", "--model.depth", "2", "--data.batch_size", "32",
+        "--rank_collapse.probe_size", "16", "--rank_collapse.every_n_epochs", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def fit_args(root, *extra):
+    return ["fit", "--config", "configs/digits.yaml", "--run_root", str(root), *TINY, *extra]
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_fit_writes_a_complete_run_directory(tmp_path):
+    args = fit_args(tmp_path, "--trainer.max_epochs", "2")
+    assert main(args) == 0
+    run = resolve_run(args).dir
+    assert read_status(run)["status"] == "finished"
+    facts = json.loads((run / "run.json").read_text())
+    assert facts["variant"] == "full" and facts["depth"] == 2 and facts["params"] > 0 and facts["flops_per_image"] > 0
+    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    metrics = rows(run / "metrics.csv")
+    assert len([r for r in metrics if r["val/acc1"]]) == 2
+    layers = rows(run / "layers.csv")
+    assert set(LAYER_METRICS) <= set(layers[0])
+    epochs = sorted({int(r["epoch"]) for r in layers})
+    assert epochs == [INIT_EPOCH, 0, 1]
+    assert sorted(int(r["layer"]) for r in layers if int(r["epoch"]) == INIT_EPOCH) == [0, 1, 2]
+    offline_runs = list((run / "wandb").glob(f"offline-run-*-{run.name}"))
+    assert offline_runs, "expected an offline W&B run named by the run id"
+
+
+def test_same_command_same_directory_and_runtime_keys_do_not_matter(tmp_path):
+    a = resolve_run(fit_args(tmp_path))
+    b = resolve_run(fit_args(tmp_path, "--trainer.enable_progress_bar", "true", "--data.num_workers", "1"))
+    c = resolve_run(fit_args(tmp_path, "--model.depth", "3"))
+    d = resolve_run(fit_args(tmp_path, "--model.depth", "3", "--seed_everything", "1"))
+    assert a.dir == b.dir
+    assert a.dir != c.dir and a.group == c.group  # W&B group: everything but depth and seed
+    assert c.dir != d.dir and c.group == d.group
+    assert c.tags == ["full", "digits", "d3"]
+
+
+def final_val(run_dir):
+    last = [r for r in rows(run_dir / "metrics.csv") if r["val/acc1"]][-1]
+    return float(last["val/loss"]), float(last["val/acc1"])
+
+
+@pytest.mark.parametrize("hundred", [False, True])
+def test_cifar_trains_a_few_steps_through_the_real_loader(tmp_path, cifar_md5_off, hundred):
+    write_fake_cifar(tmp_path, hundred=hundred, n=200)
+    name = "cifar100" if hundred else "cifar10"
+    args = ["fit", "--config", "configs/digits.yaml", "--data.dataset", name, "--data.root", str(tmp_path),
+            "--model.patch_size", "8", "--run_root", str(tmp_path / "runs"), *TINY, "--trainer.max_steps", "2",
+            "--trainer.max_epochs", "1", "--data.val_fraction", "0.5"]
+    assert main(args) == 0
+    run = resolve_run(args).dir
+    assert read_status(run)["status"] == "finished"
+    assert json.loads((run / "run.json").read_text())["dataset"] == name
+
+
+def test_imagenet_folder_trains_a_few_steps(tmp_path):
+    (tmp_path / "in").mkdir()
+    write_image_tree(tmp_path / "in", {"train": {"a": 6, "b": 6}, "val": {"a": 2, "b": 2}})
+    args = ["fit", "--config", "configs/digits.yaml", "--data.dataset", "imagenet", "--data.root",
+            str(tmp_path / "in"), "--data.img_size", "32", "--model.patch_size", "8", "--run_root",
+            str(tmp_path / "runs"), *TINY, "--data.batch_size", "4", "--trainer.max_steps", "2",
+            "--trainer.max_epochs", "1"]
+    assert main(args) == 0
+    assert read_status(resolve_run(args).dir)["status"] == "finished"
+
+
+def test_wandb_mode_is_decided_before_init(monkeypatch):
+    assert decide_wandb_mode("auto") == "offline"  # no key
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.invalid")
+    assert decide_wandb_mode("auto") == "offline"  # key but no server
+    monkeypatch.setenv("WANDB_MODE", "online")
+    with pytest.raises(Exception, match="unreachable"):
+        decide_wandb_mode("auto")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert decide_wandb_mode("online") == "disabled"
+
+
+def test_ddp_two_cpu_processes_log_once(tmp_path):
+    args = fit_args(tmp_path, "--trainer.max_epochs", "1", "--trainer.strategy", "ddp", "--trainer.devices", "2")
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    done = subprocess.run([sys.executable, "-m", "vitdepth", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = resolve_run(args).dir
+    vals = [r for r in rows(run / "metrics.csv") if r["val/acc1"]]
+    assert len(vals) == 1  # synced metrics, logged once (rank 0)
+    layers = rows(run / "layers.csv")
+    assert len(layers) == 2 * 3  # init + end probe, 3 layers each, written once
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_a_tiny_vit_really_learns_digits(tmp_path):
+    args = fit_args(tmp_path, "--trainer.max_epochs", "8", "--model.embed_dim", "32", "--model.warmup_epochs", "1")
+    assert main(args) == 0
+    _, acc1 = final_val(resolve_run(args).dir)
+    assert acc1 > 0.5  # chance is 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["resscale", "attnscale", "featscale", "reattention", "sinkhorn"])
+def test_anti_collapse_variants_learn_digits(tmp_path, variant):
+    """Issue 5: every added method trains on digits to >= 85% val/acc1 in a short run."""
+    args = ["fit", "--config", "configs/digits.yaml", "--run_root", str(tmp_path), "--model.variant", variant,
+            "--trainer.max_epochs", "15", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", "--rank_collapse.every_n_epochs", "0",
+            "--rank_collapse.probe_size", "16"]
+    assert main(args) == 0
+    _, acc1 = final_val(resolve_run(args).dir)
+    assert acc1 >= 0.85, f"{variant}: {acc1:.3f}"

@@ -1,0 +1,3 @@
+from vitdepth.callbacks.rank_collapse import RankCollapseCallback
+
+__all__ = ["RankCollapseCallback"]

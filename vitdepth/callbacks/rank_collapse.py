@@ -1,0 +1,125 @@
+"""``RankCollapseCallback``: per-layer rank-collapse metrics on a fixed probe batch during training.
+
+It only schedules the probe and logs: the probe (``vitdepth.probe``) runs a separate eager forward
+pass under no_grad, never hooking the training forward. Probes run at init (epoch -1, step 0),
+every ``every_n_epochs`` epochs after validation, and at the end of training.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities import rank_zero_warn
+from typing_extensions import override
+
+from vitdepth.lit.csv_table import CsvTable
+from vitdepth.metrics.attention import SIMILAR_BLOCK_THRESHOLD, count_similar_blocks
+from vitdepth.probe import probe_metrics
+from vitdepth.rundir import INIT_EPOCH, LAYERS, LAYERS_COLUMNS
+
+# attn_similarity is NaN by definition at layers 0-1, attn_entropy at layer 0.
+UNDEFINED_AT = {"attn_entropy": 1, "attn_similarity": 2}
+
+
+class RankCollapseCallback(Callback):
+    """Logs ``rank/<metric>/L{ii}``, ``rank/<metric>/last`` and ``rank/<metric>/mean`` and appends
+    to the run's layers.csv.
+
+    Args:
+        every_n_epochs: probe cadence after validation (0 = only at init and at the end).
+        probe_size: images in the fixed probe batch (taken from the validation set).
+        similarity_threshold: adjacent blocks whose mean attention similarity exceeds it count as
+            DeepViT's "similar blocks" (logged as ``rank/similar_blocks``).
+    """
+
+    def __init__(self, every_n_epochs: int = 1, probe_size: int = 256,
+                 similarity_threshold: float = SIMILAR_BLOCK_THRESHOLD) -> None:
+        self.every_n_epochs = every_n_epochs
+        self.probe_size = probe_size
+        self.similarity_threshold = similarity_threshold
+        self.images: torch.Tensor | None = None
+        self.table: CsvTable | None = None
+        self.last_probe_step: int | None = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        datamodule = trainer.datamodule
+        datamodule.setup("fit")
+        self.images = datamodule.probe_batch()[0][: self.probe_size]
+        self.table = CsvTable(Path(trainer.default_root_dir) / LAYERS, LAYERS_COLUMNS)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.table.drop_after(trainer.global_step)
+        if trainer.global_step == 0:
+            self.table.rows = []
+            self.probe(trainer, pl_module, INIT_EPOCH)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit" or not self.every_n_epochs:
+            return
+        if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            self.probe(trainer, pl_module, trainer.current_epoch)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.last_probe_step != trainer.global_step:
+            self.probe(trainer, pl_module, trainer.current_epoch - 1)
+
+    def probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> None:
+        images = trainer.precision_plugin.convert_input(self.images.to(pl_module.device))  # e.g. bf16-true
+        with trainer.precision_plugin.forward_context():
+            metrics = probe_metrics(pl_module.model, images)
+        means = {name: values.nanmean(dim=1).tolist() for name, values in metrics.items()}
+        step = trainer.global_step
+        self.last_probe_step = step
+        self._flag_non_finite(means, epoch)
+        if not trainer.is_global_zero:
+            return
+        rows = [{"epoch": epoch, "step": step, "layer": layer, **{n: v[layer] for n, v in means.items()}}
+                for layer in range(len(means["rel_residual"]))]
+        self.table.append(rows)
+        self.table.save()
+        scalars = {}
+        for name, values in means.items():
+            scalars.update({f"rank/{name}/L{layer:02d}": v for layer, v in enumerate(values)})
+            scalars[f"rank/{name}/last"] = values[-1]
+            scalars[f"rank/{name}/mean"] = _nanmean(values[1:])
+        scalars["rank/similar_blocks"] = int(count_similar_blocks(
+            torch.tensor(means["attn_similarity"]), self.similarity_threshold))
+        scalars["epoch"] = epoch
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+        self._log_wandb_table(trainer, rows)
+
+    @staticmethod
+    def _flag_non_finite(means: dict[str, list[float]], epoch: int) -> None:
+        bad = [f"{name}@L{layer}" for name, values in means.items() for layer, v in enumerate(values)
+               if layer >= UNDEFINED_AT.get(name, 0) and not math.isfinite(v)]
+        if bad:
+            rank_zero_warn(f"rank-collapse probe at epoch {epoch}: non-finite {', '.join(bad[:8])}"
+                           f"{' ...' if len(bad) > 8 else ''} (logged as NaN)")
+
+    @staticmethod
+    def _log_wandb_table(trainer: pl.Trainer, rows: list[dict]) -> None:
+        from pytorch_lightning.loggers import WandbLogger
+
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                import wandb
+
+                columns = list(rows[0])
+                table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+                logger.experiment.log({"rank/layers": table, "trainer/global_step": trainer.global_step})
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else float("nan")

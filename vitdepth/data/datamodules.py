@@ -1,0 +1,252 @@
+"""One LightningDataModule for every dataset, chosen by name so a config line switches it.
+
+    vitdepth fit --data.dataset cifar10 --data.root /data --data.batch_size 64
+"""
+
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from timm.data import create_dataset
+from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchvision.datasets import CIFAR10, CIFAR100
+
+from vitdepth.data.bundled import load_digits, load_mnist5k, stratified_split
+from vitdepth.data.datasets import InMemoryImages, Transformed, class_dirs, synthetic_images
+from vitdepth.data.sampling import EpochSeededSampler, SeededSamples
+from vitdepth.data.transforms import TensorBatchTransform, cifar_transform, imagenet_transform
+from vitdepth.errors import UsageError, choice_error
+
+CIFAR_PAGE = "https://www.cs.toronto.edu/~kriz/cifar.html"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What the model and the transforms must know about a dataset before any file is read.
+
+    `kind` picks the reader and the transforms: "memory" (uint8 tensors from `source()`),
+    "synthetic" (seeded random tensors), "cifar" (`source` is the torchvision class) or
+    "imagenet" (an image folder read by timm). A one-element mean/std applies to every channel.
+    """
+
+    kind: str
+    num_classes: int
+    img_size: int
+    in_chans: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    source: Callable | None = None
+    pad: int = 0  # margin of the random translation used to augment in-memory data
+
+
+DATASETS = {
+    # mean/std measured once on the full bundled sets (pixels scaled to 0..1)
+    "digits": DatasetSpec("memory", 10, 8, 1, (0.3053,), (0.3759,), load_digits, pad=1),
+    "mnist5k": DatasetSpec("memory", 10, 28, 1, (0.1313,), (0.3086,), load_mnist5k, pad=2),
+    "cifar10": DatasetSpec("cifar", 10, 32, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10),
+    "cifar100": DatasetSpec("cifar", 100, 32, 3, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100),
+    "imagenet": DatasetSpec("imagenet", 1000, 224, 3, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+    # uniform bytes: mean 0.5 and std 0.289 after scaling to 0..1
+    "synthetic": DatasetSpec("synthetic", 10, 32, 3, (0.5,), (0.289,)),
+}
+
+
+class ImageDataModule(pl.LightningDataModule):
+    """Train/val/test loaders plus a fixed probe batch for any dataset in `DATASETS`.
+
+    `num_classes`, `img_size`, `in_chans`, `mean` and `std` are set in `__init__`, because
+    LightningCLI links them into the model before `setup` runs. `batch_size` is per process.
+
+    Args:
+        dataset: a key of `DATASETS`.
+        root: folder holding CIFAR (`cifar-10-batches-py/`, `cifar-100-python/`) or ImageNet
+            (`train/`, `val/`); unused for in-memory datasets.
+        img_size: resize to this many pixels a side; default the dataset's own size.
+        val_fraction: share of each class held out for validation. CIFAR with 0 trains on all
+            50k images and validates on the test set; ImageNet always validates on `val/`.
+        split_seed: seed of the held-out split and of synthetic data.
+        augment: False gives eval transforms for training too.
+        auto_augment: a timm RandAugment string such as "rand-m9-mstd0.5-inc1" (CIFAR, ImageNet).
+        re_prob: probability of timm random erasing on training images.
+        download: let torchvision fetch CIFAR in `prepare_data` (needs network).
+        num_samples, num_classes, in_chans: shape of synthetic data; for real datasets they are
+            read from the data and, if given, must match it.
+        probe_size: images in `probe_batch()`.
+    """
+
+    def __init__(self, dataset: str = "digits", root: str | None = None, img_size: int | None = None,
+                 batch_size: int = 128, num_workers: int = 0, val_fraction: float = 0.2, split_seed: int = 0,
+                 augment: bool = True, auto_augment: str | None = None, re_prob: float = 0.0,
+                 download: bool = False, num_samples: int = 1024, num_classes: int | None = None,
+                 in_chans: int | None = None, probe_size: int = 256):
+        super().__init__()
+        # Not sent to loggers: config.yaml holds them, and unresolved None shapes would clash with the
+        # model's linked values in Lightning's hparams merge.
+        self.save_hyperparameters(logger=False)
+        if dataset not in DATASETS:
+            raise choice_error("dataset", dataset, DATASETS)
+        self.spec = spec = DATASETS[dataset]
+        self._check_options()
+        synthetic = spec.kind == "synthetic"
+        self.num_classes = self._resolve("num_classes", num_classes, None if synthetic else self._data_classes())
+        self.in_chans = self._resolve("in_chans", in_chans, None if synthetic else spec.in_chans)
+        self.img_size = img_size or spec.img_size
+        self.mean = _per_channel(spec.mean, self.in_chans)
+        self.std = _per_channel(spec.std, self.in_chans)
+        self.train_set = self.val_set = self.test_set = None
+        self._probe = None
+
+    def _check_options(self) -> None:
+        """Reject bad combinations here, so the user sees one line before anything is loaded."""
+        hp, kind = self.hparams, self.spec.kind
+        if kind in ("cifar", "imagenet") and not hp.root:
+            raise UsageError(f"dataset {hp.dataset!r} needs --data.root: the folder that holds its files")
+        zero_ok = kind != "memory" and kind != "synthetic"  # they have no other set to validate on
+        if not 0 <= hp.val_fraction < 1 or (hp.val_fraction == 0 and not zero_ok):
+            raise UsageError(f"val_fraction={hp.val_fraction} must be in {'[' if zero_ok else '('}0, 1) "
+                             f"for dataset {hp.dataset!r}")
+        if hp.auto_augment and (kind in ("memory", "synthetic") or not hp.auto_augment.startswith("rand")):
+            raise UsageError(f"auto_augment={hp.auto_augment!r}: use a timm RandAugment string such as "
+                             "'rand-m9-mstd0.5-inc1', and only with cifar10, cifar100 or imagenet")
+
+    def _data_classes(self) -> int | None:
+        """The class count the data fixes; None for ImageNet until its train/ folder exists."""
+        if self.spec.kind == "imagenet":
+            return len(class_dirs(Path(self.hparams.root) / "train")) or None
+        return self.spec.num_classes
+
+    def _resolve(self, what: str, given: int | None, actual: int | None) -> int:
+        """An option sets the shape where the data does not (`actual` None); otherwise it must agree."""
+        if actual is None:
+            return given or getattr(self.spec, what)
+        if given not in (None, actual):
+            raise UsageError(f"{what}={given} does not match dataset {self.hparams.dataset!r} ({what}={actual}); "
+                             f"leave --data.{what} unset")
+        return actual
+
+    def prepare_data(self) -> None:
+        """Download CIFAR once per node (Lightning calls this on one process only)."""
+        if self.hparams.download and self.spec.kind == "cifar":
+            for train in (True, False):
+                try:
+                    self.spec.source(self.hparams.root, train=train, download=True)
+                except (OSError, RuntimeError) as err:
+                    raise UsageError(f"could not download {self.hparams.dataset} into {self.hparams.root} "
+                                     f"({str(err).splitlines()[0]}); extract {self._cifar_tarball()} there "
+                                     "by hand") from err
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build all three splits once; later calls (any stage) reuse them."""
+        if self.train_set is None:
+            make = {"memory": self._memory_sets, "synthetic": self._memory_sets,
+                    "cifar": self._cifar_sets, "imagenet": self._imagenet_sets}[self.spec.kind]
+            self.train_set, self.val_set, self.test_set = make()
+            if not len(self.val_set):
+                raise UsageError(f"the validation split of {self.hparams.dataset!r} is empty; raise "
+                                 f"--data.val_fraction (now {self.hparams.val_fraction}) or add images")
+
+    def _memory_sets(self) -> tuple[Dataset, Dataset, Dataset]:
+        hp = self.hparams
+        if self.spec.kind == "synthetic":
+            images, labels = synthetic_images(hp.num_samples, self.num_classes, self.img_size, self.in_chans,
+                                              hp.split_seed)
+        else:
+            images, labels = self.spec.source()
+        train_idx, val_idx = stratified_split(labels, hp.val_fraction, hp.split_seed)
+        plain = TensorBatchTransform(self.mean, self.std, self.img_size)
+        train_tf = TensorBatchTransform(self.mean, self.std, self.img_size, self.spec.pad, hp.re_prob)
+        val = InMemoryImages(images, labels, val_idx, plain)
+        return InMemoryImages(images, labels, train_idx, train_tf if hp.augment else plain), val, val
+
+    def _cifar_sets(self) -> tuple[Dataset, Dataset, Dataset]:
+        hp = self.hparams
+        full, test = self._open_cifar(train=True), self._open_cifar(train=False)
+        options = (self.img_size, self.spec.img_size, self.mean, self.std, hp.auto_augment, hp.re_prob)
+        train_tf, plain = cifar_transform(hp.augment, *options), cifar_transform(False, *options)
+        test_set = Transformed(test, plain)
+        if hp.val_fraction == 0:
+            return Transformed(full, train_tf), test_set, test_set
+        train_idx, val_idx = stratified_split(full.targets, hp.val_fraction, hp.split_seed)
+        return Transformed(full, train_tf, train_idx), Transformed(full, plain, val_idx), test_set
+
+    def _open_cifar(self, train: bool) -> Dataset:
+        try:
+            return self.spec.source(self.hparams.root, train=train, download=False)
+        # RuntimeError: torchvision's "Dataset not found or corrupted" (missing file, MD5 mismatch); the rest:
+        # batch files that pass or skip the MD5 check but do not unpickle into CIFAR's arrays
+        except (RuntimeError, EOFError, pickle.UnpicklingError, KeyError, ValueError) as err:
+            folder = Path(self.hparams.root) / self.spec.source.base_folder
+            raise UsageError(f"{self.hparams.dataset} not found or corrupt in {folder}/; extract "
+                             f"{self._cifar_tarball()} into {self.hparams.root}/, or pass --data.download true "
+                             "on a machine with network") from err
+
+    def _cifar_tarball(self) -> str:
+        return f"{self.spec.source.filename} (the python version, from {CIFAR_PAGE})"
+
+    def _imagenet_sets(self) -> tuple[Dataset, Dataset, Dataset]:
+        hp, root = self.hparams, Path(self.hparams.root)
+        for split in ("train", "val"):
+            if not (root / split).is_dir():
+                raise UsageError(f"ImageNet folder {root / split}/ not found; --data.root must hold "
+                                 "train/<class>/*.JPEG and val/<class>/*.JPEG")
+        classes = class_dirs(root / "train")
+        if not classes:
+            raise UsageError(f"no class folders in {root / 'train'}/; expected train/<class>/*.JPEG")
+        if len(classes) > self.num_classes:
+            raise UsageError(f"{root / 'train'}/ has {len(classes)} class folders but num_classes={self.num_classes}")
+        class_map = {name: i for i, name in enumerate(classes)}  # one mapping for both splits
+        options = (self.img_size, self.mean, self.std, hp.auto_augment, hp.re_prob)
+        train = self._image_folder("train", class_map, imagenet_transform(hp.augment, *options))
+        val = self._image_folder("val", class_map, imagenet_transform(False, *options))
+        return train, val, val
+
+    def _image_folder(self, split: str, class_map: dict[str, int], transform: Callable) -> Dataset:
+        folder = Path(self.hparams.root) / split
+        try:
+            # timm finds root/train and root/val by itself
+            return create_dataset("", root=self.hparams.root, split=split, class_map=class_map, transform=transform)
+        except RuntimeError as err:  # timm: "Found 0 images in subfolders of ..."
+            raise UsageError(f"no images found in {folder}/; expected one sub-folder per class "
+                             "holding JPEG/PNG files") from err
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set)
+
+    def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
+        # a plain DataLoader, so Lightning can swap in a DistributedSampler under DDP
+        hp = self.hparams
+        # torch.initial_seed() is the run's seed: Lightning seeds before building loaders.
+        sampler = EpochSeededSampler(len(dataset), torch.initial_seed()) if train else None
+        dataset = SeededSamples(dataset, torch.initial_seed()) if train else dataset
+        return DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler,
+                          drop_last=train and len(dataset) > hp.batch_size, num_workers=hp.num_workers,
+                          persistent_workers=hp.num_workers > 0, pin_memory=torch.cuda.is_available())
+
+    def probe_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A fixed batch for rank probes: (images (P,C,H,W) float, labels (P,)), the same on every call and run.
+
+        P = min(probe_size, len(val set)) validation images in eval transform, spread evenly over
+        the validation set so a class-sorted folder (ImageNet val/) still gives many classes.
+        """
+        if self._probe is None:
+            self.setup("fit")
+            n = len(self.val_set)
+            k = min(self.hparams.probe_size, n)
+            picks = Subset(self.val_set, (torch.arange(k) * n // k).tolist())
+            self._probe = next(iter(DataLoader(picks, batch_size=k)))
+        return self._probe
+
+
+def _per_channel(values: Sequence[float], channels: int) -> tuple[float, ...]:
+    """Expand a one-element statistic to every channel."""
+    return tuple(values) * channels if len(values) == 1 else tuple(values)

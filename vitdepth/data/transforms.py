@@ -1,0 +1,89 @@
+"""Train and eval transforms: whole-batch tensor ops for in-memory images, PIL pipelines for files."""
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from timm.data import create_transform
+from timm.data.auto_augment import RandAugment, rand_augment_transform
+from timm.data.random_erasing import RandomErasing
+from torchvision import transforms as T
+
+
+class TensorBatchTransform:
+    """Augment and normalise a uint8 batch (B,C,H,W) in a few tensor ops.
+
+    For 8x8 or 28x28 images a per-image PIL pipeline costs more than the model, so in-memory
+    datasets transform whole batches: random translation (`pad` > 0), resize to `img_size`,
+    normalisation, then random erasing (`re_prob` > 0).
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], img_size: int, pad: int = 0,
+                 re_prob: float = 0.0):
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1) * 255  # applied to 0..255 values
+        self.std = torch.tensor(std).view(1, -1, 1, 1) * 255
+        self.img_size = img_size
+        self.pad = pad
+        self.erase = RandomErasing(re_prob, mode="pixel", device="cpu") if re_prob > 0 else None
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self.pad:
+            images = random_translate(images, self.pad)
+        x = images.float()
+        if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
+            x = F.interpolate(x, size=(self.img_size, self.img_size), mode="bilinear", antialias=True)
+        x = (x - self.mean) / self.std
+        return x if self.erase is None else self.erase(x)
+
+
+def random_translate(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """Shift every image by its own random offset of up to `pad` pixels, filling with zeros.
+
+    Equal to zero-padding by `pad` and randomly cropping back, done for the whole batch with
+    one gather.
+    """
+    b, c, h, w = images.shape
+    padded = F.pad(images, (pad, pad, pad, pad))
+    dy, dx = torch.randint(0, 2 * pad + 1, (2, b, 1))
+    rows = (dy + torch.arange(h))[:, None, :, None]  # (B,1,H,1)
+    cols = (dx + torch.arange(w))[:, None, None, :]  # (B,1,1,W)
+    return padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
+
+
+def cifar_transform(train: bool, img_size: int, native_size: int, mean: Sequence[float],
+                    std: Sequence[float], auto_augment: str | None = None, re_prob: float = 0.0) -> T.Compose:
+    """The usual from-scratch CIFAR recipe: pad-4 random crop and flip, optional RandAugment and erasing."""
+    ops = []
+    if train:
+        ops += [T.RandomCrop(native_size, padding=4), T.RandomHorizontalFlip()]
+        if auto_augment:
+            # the same hyperparameters timm's create_transform derives for RandAugment
+            hparams = {"translate_const": int(native_size * 0.45), "img_mean": tuple(round(255 * m) for m in mean)}
+            ops.append(rand_augment_transform(auto_augment, hparams))
+    if img_size != native_size:
+        ops.append(T.Resize(img_size, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
+    ops += [T.ToTensor(), T.Normalize(mean, std)]
+    if train and re_prob > 0:
+        ops.append(RandomErasing(re_prob, mode="pixel", device="cpu"))
+    return posterize_safe(T.Compose(ops))
+
+
+def imagenet_transform(train: bool, img_size: int, mean: Sequence[float], std: Sequence[float],
+                       auto_augment: str | None = None, re_prob: float = 0.0):
+    """timm's ImageNet pipeline: RandomResizedCrop and flip for training, resize and centre crop for eval."""
+    return posterize_safe(create_transform(img_size, is_training=train, auto_augment=auto_augment,
+                                           re_prob=re_prob, re_mode="pixel", mean=tuple(mean), std=tuple(std)))
+
+
+# Just below timm's top level of 10, at which its posterize asks PIL for 0 bits, which PIL >= 13 rejects
+# (ValueError). With "mstd0.5" a sampled magnitude reaches 10 for about 2% of the ops.
+RAND_AUGMENT_MAGNITUDE_MAX = 9.99
+
+
+def posterize_safe(transform: T.Compose) -> T.Compose:
+    """Cap the magnitude of every RandAugment op in ``transform`` that has no cap of its own."""
+    for op in transform.transforms:
+        if isinstance(op, RandAugment):
+            for augment in op.ops:
+                augment.magnitude_max = augment.magnitude_max or RAND_AUGMENT_MAGNITUDE_MAX
+    return transform

@@ -1,0 +1,3 @@
+from vitdepth.lit.classifier import ViTClassifier, load_model
+
+__all__ = ["ViTClassifier", "load_model"]

@@ -1,0 +1,184 @@
+"""``ViTClassifier``: a variant ViT trained with the timm recipe pieces, under Lightning.
+
+    vitdepth fit --config configs/digits.yaml
+    vitdepth fit --config configs/digits.yaml --model.variant pure --model.depth 8
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pytorch_lightning import LightningModule
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from torchmetrics.classification import MulticlassAccuracy
+from typing_extensions import override
+
+from vitdepth.errors import UsageError
+from vitdepth.models import build_vit, count_parameters
+from vitdepth.models.regularisers import diverse_patch_loss
+
+
+class ViTClassifier(LightningModule):
+    """Image classification with a ``build_vit`` model.
+
+    Args:
+        variant, depth, embed_dim, num_heads, patch_size, mlp_ratio, norm, weight_init,
+            drop_path_rate: the model (see ``vitdepth.models.build_vit``).
+        img_size, in_chans, num_classes: data facts, linked from the data module by the CLI.
+        lr: peak learning rate of AdamW; weight_decay skips norms, biases and scales (timm).
+        warmup_epochs, min_lr: linear warm-up, then cosine decay to min_lr, stepped per update.
+        label_smoothing: for cross-entropy (and for Mixup's soft targets).
+        mixup, cutmix: timm Mixup/CutMix alphas; 0 disables both.
+        compile: run the training forward through ``torch.compile`` (the probe stays eager).
+        diverse_patch_weight: weight of DiversePatch's cosine loss on the last layer's patch tokens
+            (Gong et al. 2021); 0 disables it.
+    """
+
+    def __init__(
+        self,
+        variant: str = "full",
+        depth: int = 4,
+        embed_dim: int = 64,
+        num_heads: int = 4,
+        patch_size: int = 2,
+        mlp_ratio: float = 4.0,
+        norm: bool = True,
+        weight_init: str = "",
+        drop_path_rate: float = 0.0,
+        img_size: int = 8,
+        in_chans: int = 1,
+        num_classes: int = 10,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        warmup_epochs: int = 1,
+        min_lr: float = 1e-5,
+        label_smoothing: float = 0.1,
+        mixup: float = 0.0,
+        cutmix: float = 0.0,
+        compile: bool = False,
+        diverse_patch_weight: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if not lr > 0:
+            raise UsageError(f"lr must be > 0, got {lr}")
+        if weight_decay < 0 or not 0 <= label_smoothing < 1:
+            raise UsageError(f"need weight_decay >= 0 and 0 <= label_smoothing < 1, got {weight_decay}, {label_smoothing}")
+        self.save_hyperparameters()
+        self.model = build_vit(variant, depth, embed_dim=embed_dim, num_heads=num_heads, patch_size=patch_size,
+                               img_size=img_size, in_chans=in_chans, num_classes=num_classes, norm=norm,
+                               weight_init=weight_init, mlp_ratio=mlp_ratio, drop_path_rate=drop_path_rate)
+        self.num_params = count_parameters(self.model)
+        self.mixup = (Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=label_smoothing,
+                            num_classes=num_classes) if mixup > 0 or cutmix > 0 else None)
+        self.soft_loss = SoftTargetCrossEntropy()
+        top_k = min(5, num_classes)
+        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
+        self.test_acc1 = self.val_acc1.clone()
+        self.test_acc5 = self.val_acc5.clone()
+        # Not a submodule: checkpoints keep the eager model's keys, and probes use self.model.
+        self._train_forward = torch.compile(self.model) if compile else self.model
+        self.diverged_at: int | None = None
+        self._epoch_images, self._epoch_start, self._last_batch_end = 0, time.perf_counter(), None  # a mid-epoch resume skips on_train_epoch_start
+
+    @override
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)
+
+    def flops_per_image(self) -> int:
+        """Forward FLOPs of one image, counted by torch's FlopCounterMode (matmuls and convs)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        h = self.hparams
+        image = torch.zeros(1, h.in_chans, h.img_size, h.img_size, device=self.device, dtype=self.dtype)
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            self.model(image)
+        return counter.get_total_flops()
+
+    @override
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        targets = labels
+        if self.mixup is not None:
+            images, targets = self.mixup(images, labels)
+        if self.hparams.diverse_patch_weight > 0:
+            tokens = self.model.forward_features(images)
+            logits = self.model.forward_head(tokens)
+        else:
+            logits = self._train_forward(images)
+        if self.mixup is not None:
+            loss = self.soft_loss(logits, targets)
+        else:
+            loss = F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
+        if self.hparams.diverse_patch_weight > 0:
+            cosine = diverse_patch_loss(tokens, self.model.num_prefix_tokens)
+            self.log("train/patch_cosine", cosine, on_step=True, on_epoch=True, batch_size=len(images))
+            loss = loss + self.hparams.diverse_patch_weight * cosine
+        if not torch.isfinite(loss):
+            # Stop cleanly; the run recorder marks the run "diverged" instead of crashing a sweep.
+            self.diverged_at = self.global_step
+            self.trainer.should_stop = True
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(images))
+        self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        return loss
+
+    @override
+    def on_train_epoch_start(self) -> None:
+        self._epoch_images, self._epoch_start, self._last_batch_end = 0, time.perf_counter(), None
+
+    @override
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self._epoch_images += len(batch[0])
+        self._last_batch_end = time.perf_counter()
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        # Training steps only: validation and probes run between the last batch and this hook.
+        if self._last_batch_end is not None:
+            seconds = self._last_batch_end - self._epoch_start
+            self.log("perf/images_per_sec", self._epoch_images * self.trainer.world_size / seconds)
+
+    def _eval_step(self, batch, stage: str) -> None:
+        images, labels = batch
+        logits = self(images)
+        acc1, acc5 = (self.val_acc1, self.val_acc5) if stage == "val" else (self.test_acc1, self.test_acc5)
+        acc1(logits, labels)
+        acc5(logits, labels)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), sync_dist=True, batch_size=len(images))
+        self.log(f"{stage}/acc1", acc1, prog_bar=True, batch_size=len(images))
+        self.log(f"{stage}/acc5", acc5, batch_size=len(images))
+
+    @override
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    @override
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    @override
+    def configure_optimizers(self) -> dict[str, Any]:
+        h = self.hparams
+        optimizer = create_optimizer_v2(self.model, opt="adamw", lr=h.lr, weight_decay=h.weight_decay)
+        epochs = max(1, self.trainer.max_epochs or 1)
+        updates_per_epoch = max(1, self.trainer.estimated_stepping_batches // epochs)
+        scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=epochs,
+                                           warmup_epochs=h.warmup_epochs, warmup_lr=h.min_lr, min_lr=h.min_lr,
+                                           step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    @override
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        # timm schedulers are not torch LRSchedulers: they step by update count.
+        scheduler.step_update(num_updates=self.global_step)
+
+
+def load_model(checkpoint_path: str, map_location: str = "cpu") -> torch.nn.Module:
+    """The eager ViT of a checkpoint (hparams are primitives, so ``weights_only`` loading works)."""
+    return ViTClassifier.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=True).model

@@ -1,0 +1,162 @@
+"""``vitdepth fit|validate|test``: LightningCLI with run directories, W&B and resume built in.
+
+    vitdepth fit --config configs/digits.yaml --model.depth 8 --model.variant pure
+    vitdepth fit --config configs/digits.yaml --print_config
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+
+from jsonargparse import ArgumentError
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+from vitdepth.callbacks import RankCollapseCallback
+from vitdepth.data import ImageDataModule
+from vitdepth.errors import UsageError
+from vitdepth.lit.classifier import ViTClassifier
+from vitdepth.lit.loggers import WANDB_MODES, RunCSVLogger, decide_wandb_mode, wandb_logger
+from vitdepth.lit.preemption import Preemption, slurm_environment
+from vitdepth.lit.run import AtomicCheckpointIO, RunIdentity, RunRecorder, newest_checkpoint
+from vitdepth.provenance import library_versions
+from vitdepth.rundir import CHECKPOINTS
+
+
+class _Resolved(Exception):
+    def __init__(self, identity: RunIdentity) -> None:
+        self.identity = identity
+
+
+class VitdepthCLI(LightningCLI):
+    """Links data facts into the model and gives every run its own directory under ``--run_root``."""
+
+    resolve_only = False
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--run_root", default="runs", help="parent of runs/<group>/<run_id>/")
+        parser.add_argument("--wandb_mode", default="auto", help=f"one of {WANDB_MODES}; WANDB_MODE wins")
+        parser.add_lightning_class_args(RankCollapseCallback, "rank_collapse")
+        for fact in ("num_classes", "img_size", "in_chans"):
+            parser.link_arguments(f"data.{fact}", f"model.{fact}", apply_on="instantiate")
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand].as_dict()
+        self.identity = RunIdentity(config, config.get("run_root", "runs"))
+        if self.resolve_only:
+            raise _Resolved(self.identity)
+
+    @override
+    def instantiate_trainer(self, **kwargs):
+        config = self.config[self.subcommand].as_dict()
+        identity = self.identity
+        identity.dir.mkdir(parents=True, exist_ok=True)
+        mode = decide_wandb_mode(config.get("wandb_mode", "auto"))
+        flat = {**identity.facts, "lr": config["model"]["lr"], "versions": library_versions()}
+        loggers = [RunCSVLogger(identity.dir)]
+        wandb = wandb_logger(identity.dir, identity.run_id, identity.group, identity.name, identity.tags, flat, mode)
+        loggers += [wandb] if wandb else []
+        callbacks = [
+            ModelCheckpoint(dirpath=identity.dir / CHECKPOINTS, filename="best-epoch{epoch:03d}", monitor="val/acc1",
+                            mode="max", save_last=True, auto_insert_metric_name=False),
+        ]
+        if self.subcommand == "fit":
+            callbacks += [RunRecorder(identity), Preemption()]
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        user_callbacks = trainer_config.get("callbacks") or []
+        kwargs.update(default_root_dir=str(identity.dir), logger=loggers,
+                      callbacks=[*callbacks, *(user_callbacks if isinstance(user_callbacks, list) else [user_callbacks])],
+                      plugins=[AtomicCheckpointIO(), *filter(None, [slurm_environment()])])
+        return super().instantiate_trainer(**kwargs)
+
+    def _resume_path(self) -> None:
+        """Rerunning the same command continues from the run directory's newest complete checkpoint."""
+        arguments = self.config_init[self.subcommand]
+        if arguments.get("ckpt_path") is None:
+            found = newest_checkpoint(self.identity.dir)
+            arguments["ckpt_path"] = str(found) if found else None
+            if found:
+                print(f"vitdepth: resuming {self.identity.dir} from {found.name}", file=sys.stderr)
+
+    def before_fit(self) -> None:
+        self._resume_path()
+
+    def before_validate(self) -> None:
+        self._resume_path()
+
+    def before_test(self) -> None:
+        self._resume_path()
+
+
+def _cli(argv: list[str], cli_class: type[VitdepthCLI] = VitdepthCLI) -> VitdepthCLI:
+    try:
+        args = None if argv == sys.argv[1:] else argv  # LightningCLI warns when given both
+        return cli_class(ViTClassifier, ImageDataModule, args=args, subclass_mode_model=False,
+                         save_config_callback=SaveConfigCallback, save_config_kwargs={"overwrite": True},
+                         seed_everything_default=0, parser_kwargs={"exit_on_error": False},
+                         trainer_defaults={"log_every_n_steps": 10})
+    except ArgumentError as error:
+        raise UsageError(yaml_error(str(error), argv) or one_line(str(error))) from None
+
+
+def yaml_error(message: str, argv: list[str]) -> str | None:
+    """A config file that is not valid YAML: name the file, the problem and where it is."""
+    if not message.startswith("Problems parsing config"):
+        return None
+    files = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--config"] or ["the config"]
+    problem = [line.strip() for line in message.splitlines()[1:] if not line.strip().startswith("in ")]
+    where = re.findall(r"line (\d+), column (\d+)", message)
+    at = f" at line {where[-1][0]}, column {where[-1][1]}" if where else ""
+    return f"{' or '.join(files)} is not valid YAML: {problem[-1] if problem else message}{at}"
+
+
+def one_line(message: str) -> str:
+    """jsonargparse's multi-line type errors as one line: the key, the given value, the expectation."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    key = re.match(r'Parser key "([^"]+)"', lines[0])
+    if not key:
+        return lines[0]
+    if len(lines) == 1:  # e.g. 'Parser key "config": File does not exist: ...'
+        return f"--{key.group(1)}: {lines[0].split(': ', 1)[-1]}; see `vitdepth fit --help`"
+    given = re.search(r"value: (.+)$", message.strip())
+    expected = lines[1].split(". Got value")[0] if len(lines) > 1 else ""
+    if expected.startswith("Does not validate"):
+        expected = "not an accepted value"
+    value = f" {given.group(1).strip()!r}" if given else ""
+    return f"bad value{value} for --{key.group(1)}: {expected}; see `vitdepth fit --help`"
+
+
+def run_lightning_cli(argv: list[str]) -> int:
+    """Run a LightningCLI verb (fit, validate, test); argument errors become one-line UsageErrors."""
+    try:
+        _cli(argv)
+    except SIGTERMException:
+        return 128 + signal.SIGTERM  # stopped, resumable: the exit status a shell gives a SIGTERMed process
+    finally:
+        if os.environ.get("SLURM_JOB_ID"):
+            # SLURM's timed USR1 may come after the run ended, once Lightning has put back the default
+            # action (terminate): the job would end FAILED although its run finished.
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+            sys.modules["wandb"].finish()  # WandbLogger leaves the run open; the next run in-process would reuse it
+    return 0
+
+
+def resolve_run(argv: list[str]) -> RunIdentity:
+    """The run identity (run id, group, directory) that ``vitdepth <argv>`` would use, without running it."""
+
+    class Resolver(VitdepthCLI):
+        resolve_only = True
+
+    try:
+        _cli(argv, Resolver)
+    except _Resolved as resolved:
+        return resolved.identity
+    raise RuntimeError("resolve_run: the CLI ran without resolving a run")

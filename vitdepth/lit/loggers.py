@@ -1,0 +1,124 @@
+"""The run's loggers: metrics.csv that survives resumes, and W&B that never prompts or hangs."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from lightning_fabric.utilities.logger import _add_prefix
+from pytorch_lightning.loggers import Logger
+from pytorch_lightning.utilities import rank_zero_only
+from typing_extensions import override
+
+from vitdepth.errors import UsageError, choice_error
+from vitdepth.lit.csv_table import CsvTable
+from vitdepth.rundir import METRICS
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+class RunCSVLogger(Logger):
+    """Writes ``metrics.csv`` in the run directory (columns epoch, step, then metric keys)."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.table = CsvTable(self.run_dir / METRICS, columns=("epoch", "step"))
+
+    @property
+    @override
+    def name(self) -> str:
+        return "csv"
+
+    @property
+    @override
+    def version(self) -> str:
+        return ""
+
+    @property
+    @override
+    def save_dir(self) -> str:
+        return str(self.run_dir)
+
+    @property
+    @override
+    def log_dir(self) -> str:
+        return str(self.run_dir)
+
+    @override
+    @rank_zero_only
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        """Hyperparameters live in config.yaml and run.json."""
+
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        metrics = _add_prefix(metrics, "", "/")
+        row = {k: float(v) for k, v in metrics.items()}
+        row["step"] = step
+        self.table.append([row])
+
+    @override
+    @rank_zero_only
+    def save(self) -> None:
+        self.table.save()
+
+    @override
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        self.table.save()
+
+    def drop_after(self, step: int) -> None:
+        self.table.drop_after(step)
+
+
+def decide_wandb_mode(requested: str = "auto") -> str:
+    """online | offline | disabled, decided before ``wandb.init`` so it can never prompt or hang.
+
+    ``WANDB_MODE`` wins over ``requested``. "auto" goes online only with an API key and a reachable
+    server; with a key but no network, wandb itself would block for ~100 s.
+    """
+    mode = os.environ.get("WANDB_MODE") or requested
+    mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
+    if mode not in WANDB_MODES:
+        raise choice_error("W&B mode", mode, WANDB_MODES)
+    if mode == "auto":
+        return "online" if _has_api_key() and _server_reachable() else "offline"
+    if mode == "online" and not _server_reachable():
+        raise UsageError(f"W&B mode is online but {_server()} is unreachable; set WANDB_MODE=offline "
+                         "(runs sync later with `wandb sync`) or check the network")
+    return mode
+
+
+def _server() -> str:
+    return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+
+
+def _has_api_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and _server() in netrc.read_text(errors="ignore")
+
+
+def _server_reachable(timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection((_server(), 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def wandb_logger(run_dir: Path, run_id: str, group: str, name: str, tags: list[str], config: dict, mode: str):
+    """A WandbLogger for one run directory, or None when W&B is disabled."""
+    if mode == "disabled":
+        return None
+    from pytorch_lightning.loggers import WandbLogger
+
+    os.environ["WANDB_MODE"] = mode
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return WandbLogger(project=os.environ.get("WANDB_PROJECT", "vitdepth"), save_dir=str(run_dir), id=run_id,
+                       name=name, group=group, tags=tags, config=config, offline=mode == "offline",
+                       job_type="train")

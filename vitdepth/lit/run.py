@@ -1,0 +1,151 @@
+"""A run's identity and its directory: run id, status.json, run.json, checkpoints, resume.
+
+Same command -> same config -> same run id -> same directory and W&B run -> resume.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytorch_lightning as pl
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+from vitdepth.errors import UsageError, disk_full_error
+from vitdepth.provenance import hardware, library_versions
+from vitdepth.rundir import CHECKPOINTS, RUN_JSON, atomic_write_json, read_status, run_id, write_status
+
+# Keys that change where or how a run executes, not what it computes.
+RUNTIME_KEYS = {
+    "trainer": {"default_root_dir", "logger", "devices", "num_nodes", "accelerator", "strategy", "callbacks",
+                "plugins", "enable_progress_bar", "enable_model_summary", "log_every_n_steps"},
+    "data": {"root", "num_workers", "download"},
+    None: {"config", "run_root", "wandb_mode", "ckpt_path", "rank_collapse", "print_config", "seed_everything"},
+}
+
+
+def experiment_config(config: dict) -> dict:
+    """The config without runtime-only keys: what makes two runs the same experiment."""
+    kept = {k: v for k, v in config.items() if k not in RUNTIME_KEYS[None]}
+    for section in ("trainer", "data"):
+        if isinstance(kept.get(section), dict):
+            kept[section] = {k: v for k, v in kept[section].items() if k not in RUNTIME_KEYS[section]}
+    return kept
+
+
+class RunIdentity:
+    """Where a run lives and how W&B names it, from its resolved config (a plain dict)."""
+
+    def __init__(self, config: dict, root: str | os.PathLike = "runs") -> None:
+        model, data = config["model"], config["data"]
+        self.seed = int(config["seed_everything"])
+        experiment = experiment_config(config)
+        self.run_id = run_id(experiment, self.seed)
+        without_depth = {**experiment, "model": {k: v for k, v in model.items() if k != "depth"}}
+        self.group = f"{data['dataset']}-{model['variant']}-e{model['embed_dim']}-{run_id(without_depth, 0, 6)}"
+        self.name = f"{model['variant']}-d{model['depth']}-s{self.seed}"
+        self.tags = [model["variant"], data["dataset"], f"d{model['depth']}"]
+        self.dir = Path(root) / self.group / self.run_id
+        self.facts = {"run_id": self.run_id, "group": self.group, "seed": self.seed, "dataset": data["dataset"],
+                      **{k: model[k] for k in ("variant", "depth", "embed_dim", "num_heads", "patch_size",
+                                               "weight_init", "norm")},
+                      "precision": str(config["trainer"].get("precision")),
+                      "max_epochs": config["trainer"].get("max_epochs")}
+
+
+def newest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The newer of Lightning's SLURM ``hpc_ckpt_*`` and ``last.ckpt`` that is a complete archive."""
+    run_dir = Path(run_dir)
+    candidates = [*run_dir.glob("hpc_ckpt_*.ckpt"), run_dir / CHECKPOINTS / "last.ckpt"]
+    for path in sorted((p for p in candidates if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True):
+        if is_complete_checkpoint(path):
+            return path
+    return None
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """torch checkpoints are zip archives: a torn write fails the CRC check."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Save to a temp file, then rename: a kill mid-save never leaves a torn checkpoint in place."""
+
+    @override
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+        except OSError as error:
+            tmp.unlink(missing_ok=True)
+            raise (disk_full_error(error, path) or error) from error
+        os.replace(tmp, path)
+
+
+class RunRecorder(Callback):
+    """Keeps run.json and status.json of a fit: running, then finished, diverged or failed."""
+
+    def __init__(self, identity: RunIdentity) -> None:
+        self.identity = identity
+        self.started = time.monotonic()
+        previous = read_status(identity.dir) or {}
+        self.previous_wall = float(previous.get("wall_time_s", 0.0))
+
+    def _status(self, trainer: pl.Trainer, status: str, reason: str = "") -> None:
+        if trainer.is_global_zero:
+            write_status(self.identity.dir, status, reason, epochs=trainer.current_epoch,
+                         global_step=trainer.global_step,
+                         wall_time_s=round(self.previous_wall + time.monotonic() - self.started, 2))
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            facts = {**self.identity.facts, "params": pl_module.num_params,
+                     "flops_per_image": pl_module.flops_per_image(),
+                     "command": shlex.join(["vitdepth", *sys.argv[1:]]),
+                     "versions": library_versions(), "hardware": hardware(),
+                     "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+            atomic_write_json(self.identity.dir / RUN_JSON, facts)
+            for logger in trainer.loggers:
+                logger.log_hyperparams({"params": facts["params"], "flops_per_image": facts["flops_per_image"]})
+        self._status(trainer, "running")
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for logger in trainer.loggers:
+            if hasattr(logger, "drop_after"):
+                logger.drop_after(trainer.global_step)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if pl_module.diverged_at is not None:
+            self._status(trainer, "diverged", f"non-finite train/loss at step {pl_module.diverged_at}")
+        elif trainer.received_sigterm or trainer.interrupted:
+            self._status(trainer, "running", "interrupted; rerun the same command to resume")
+        else:
+            self._status(trainer, "finished")
+        trainer.strategy.barrier("vitdepth-status")  # no rank leaves fit before rank 0 has written the status
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            self._status(trainer, "running", "interrupted; rerun the same command to resume")
+            return
+        message = str(exception).strip().splitlines()
+        try:
+            self._status(trainer, "failed", f"{type(exception).__name__}: {message[0] if message else ''}")
+        except UsageError:  # the disk is full: status.json keeps its last state; the error says why
+            pass
+
