@@ -1,0 +1,236 @@
+"""Tables from loaded runs: summary.csv (one row per run) and summary.md (depth saturation, correlations).
+
+Accuracies are percent throughout. Aggregates over seeds use finished runs only, so a diverged or
+half-trained run never drags a mean; those runs are listed separately instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from vitdepth.report.load import Run
+
+# The layer metrics of vitdepth.rundir.LAYER_METRICS, most telling first.
+METRICS = (
+    "rel_residual",
+    "token_cosine",
+    "effective_rank",
+    "stable_rank",
+    "attn_entropy",
+    "rel_residual_fro",
+)
+FACTS = ("run_id", "group", "dataset", "variant", "depth", "seed", "params")
+COLUMNS = (
+    *FACTS,
+    *("status", "reason", "val_acc1_best", "val_acc1_final", "epochs", "wall_time_s"),
+    *(f"{m}_{agg}_{when}" for m in METRICS for when in ("init", "end") for agg in ("last", "mean")),
+)
+CORRELATED = ("rel_residual", "token_cosine")  # end-of-training last-layer metrics set against accuracy
+
+
+def nanmean(values) -> float:
+    """Mean ignoring nan (= not measured), without numpy's warning on an all-nan slice."""
+    x = np.asarray(values, float)
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if x.size else math.nan
+
+
+def layer_stats(run: Run, metric: str, when: str) -> tuple[float, float]:
+    """(deepest layer, mean over blocks 1..depth) of a metric at init or at the end."""
+    profile = run.profile(metric, when)
+    if profile is None:
+        return math.nan, math.nan
+    return float(profile[-1]), nanmean(profile[1:])
+
+
+def summary_row(run: Run) -> dict:
+    row = {k: run.facts.get(k) for k in FACTS} | {"run_id": run.run_id}
+    row |= {
+        "status": run.status,
+        "reason": run.reason,
+        "val_acc1_best": run.acc1_best,
+        "val_acc1_final": run.acc1_final,
+        "epochs": run.epochs,
+        "wall_time_s": run.wall_time_s,
+    }
+    for m in METRICS:
+        for when in ("init", "end"):
+            row[f"{m}_last_{when}"], row[f"{m}_mean_{when}"] = layer_stats(run, m, when)
+    return row
+
+
+def summary_csv(runs: list[Run]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for run in runs:
+        row = summary_row(run)
+        writer.writerow(_cell(row[c]) for c in COLUMNS)
+    return buf.getvalue()
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def finished(runs: list[Run]) -> list[Run]:
+    return [r for r in runs if r.status == "finished" and r.depth is not None]
+
+
+def acc_stats(runs: list[Run]) -> dict[str, dict[int, tuple[float, float, int]]]:
+    """variant -> depth -> (mean, sample std, n) of the final accuracy over the seeds of finished runs."""
+    accs: dict[str, dict[int, list[float]]] = {}
+    for r in finished(runs):
+        if math.isfinite(r.acc1_final):
+            accs.setdefault(r.variant, {}).setdefault(r.depth, []).append(r.acc1_final)
+    return {
+        variant: {d: _mean_std(a) for d, a in sorted(by_depth.items())}
+        for variant, by_depth in sorted(accs.items())
+    }
+
+
+def _mean_std(values: list[float]) -> tuple[float, float, int]:
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+    return float(np.mean(values)), std, len(values)
+
+
+@dataclass(frozen=True)
+class Saturation:
+    best_depth: int
+    best_mean: float
+    depth: int  # the shallowest depth within the margin of the best
+    deepest: int
+    deepest_mean: float
+    margin: float
+
+    @property
+    def drop(self) -> float:
+        """Points lost at the deepest depth when that is beyond the margin, else 0."""
+        gap = self.best_mean - self.deepest_mean
+        return gap if gap > self.margin else 0.0
+
+
+def saturation(means: dict[int, float], margin: float) -> Saturation:
+    best_depth = max(sorted(means), key=lambda d: means[d])  # the shallowest of tied bests
+    best = means[best_depth]
+    depth = min(d for d, m in means.items() if m >= best - margin)
+    deepest = max(means)
+    return Saturation(best_depth, best, depth, deepest, means[deepest], margin)
+
+
+def spearman(x, y) -> float:
+    """Spearman's rho: the Pearson correlation of (tie-averaged) ranks; nan when undefined."""
+    rx, ry = _ranks(x), _ranks(y)
+    if len(rx) < 2 or rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(values) -> np.ndarray:
+    x = np.asarray(values, float)
+    ranks = np.empty(len(x))
+    ranks[np.argsort(x, kind="stable")] = np.arange(len(x))
+    _, tie, count = np.unique(x, return_inverse=True, return_counts=True)
+    return np.bincount(tie, weights=ranks)[tie] / count[tie]
+
+
+def correlation(runs: list[Run], metric: str) -> tuple[float, int]:
+    """Spearman rho (and n) between a metric at the last layer at the end and final accuracy."""
+    pairs = [(layer_stats(r, metric, "end")[0], r.acc1_final) for r in finished(runs)]
+    pairs = [p for p in pairs if all(map(math.isfinite, p))]
+    return spearman(*zip(*pairs, strict=True)) if pairs else math.nan, len(pairs)
+
+
+def summary_md(runs: list[Run], margin: float) -> str:
+    stats = acc_stats(runs)
+    counts = ", ".join(
+        f"{sum(r.status == s for r in runs)} {s}" for s in ("finished", "diverged", "failed", "running")
+    )
+    lines = [
+        "# vitdepth report",
+        "",
+        f"{len(runs)} runs: {counts}.",
+        "Accuracies are top-1 validation accuracy in percent (0-100), here and in summary.csv; final = the last",
+        "validation epoch. Means, stds (sample std over seeds) and correlations count finished runs only.",
+        "",
+        *_acc_table(stats),
+        "",
+        *_saturation_table(stats, margin),
+        "",
+        "## Collapse vs accuracy (Spearman, last layer at the end of training, finished runs)",
+        "",
+        "| metric | rho | n |",
+        "|---|---:|---:|",
+        *(f"| {m} | {_num(rho, 3)} | {n} |" for m in CORRELATED for rho, n in [correlation(runs, m)]),
+        "",
+        "## Runs that did not finish",
+        "",
+        *_unfinished_table(runs),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _acc_table(stats) -> list[str]:
+    variants = list(stats)
+    depths = sorted({d for by_depth in stats.values() for d in by_depth})
+    lines = [
+        "## Final val_acc1 (%) vs depth: mean ± std (n seeds)",
+        "",
+        "| depth | " + " | ".join(variants) + " |",
+        "|---:|" + "---:|" * len(variants),
+    ]
+    for d in depths:
+        cells = [_mean_std_cell(*stats[v][d]) if d in stats[v] else "—" for v in variants]
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    return lines if variants else [*lines[:2], "No finished runs."]
+
+
+def _mean_std_cell(mean: float, std: float, n: int) -> str:
+    return f"{mean:.2f} (n={n})" if math.isnan(std) else f"{mean:.2f} ± {std:.2f} (n={n})"
+
+
+def _saturation_table(stats, margin: float) -> list[str]:
+    lines = [
+        f"## Depth saturation (the shallowest depth within {margin:g} points of the best mean)",
+        "",
+        "| variant | best depth | best mean | saturation depth | deepest | deepest mean | beyond saturation |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for variant, by_depth in stats.items():
+        s = saturation({d: mean for d, (mean, _, _) in by_depth.items()}, margin)
+        verdict = f"falls by {s.drop:.2f} points" if s.drop else f"holds within {margin:g} points"
+        lines.append(
+            f"| {variant} | {s.best_depth} | {s.best_mean:.2f} | {s.depth} | {s.deepest} | "
+            f"{s.deepest_mean:.2f} | {verdict} |"
+        )
+    return lines
+
+
+def _unfinished_table(runs: list[Run]) -> list[str]:
+    rows = [r for r in runs if r.status != "finished"]
+    if not rows:
+        return ["None."]
+    return [
+        "| run_id | variant | depth | seed | status | reason |",
+        "|---|---|---:|---:|---|---|",
+        *(
+            f"| {r.run_id} | {r.variant} | {_cell(r.depth)} | {_cell(r.seed)} | {r.status} | {_md(r.reason)} |"
+            for r in rows
+        ),
+    ]
+
+
+def _num(value: float, digits: int) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _md(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
