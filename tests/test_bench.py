@@ -1,0 +1,79 @@
+"""`vitdepth bench --quick` end to end: every file and every key (speed is the benchmark's job, not a test's)."""
+
+import json
+
+import pytest
+import torch
+
+from vitdepth.bench.report import CUDA_TARGETS, TARGETS
+from vitdepth.cli import main
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    assert main(["bench", "--quick", "--out", str(out)]) == 0
+    return out
+
+
+def test_quick_bench_writes_every_file(quick_bench):
+    for name in ("bench.json", "bench.md", "scaling.png"):
+        assert (quick_bench / name).stat().st_size > 0, name
+    assert (quick_bench / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_bench_json_has_every_figure_and_its_provenance(quick_bench):
+    doc = json.loads((quick_bench / "bench.json").read_text())
+    assert set(doc["figures"]) == set(TARGETS)  # CPU run: no GPU figures
+    for name, figure in doc["figures"].items():
+        assert isinstance(figure["value"], float), name
+        assert figure["pass"] in (True, False, None) and (figure["pass"] is None) == (figure["op"] is None), name
+    assert doc["threads"] == 1 and doc["quick"] is True and doc["device"] == "cpu"
+    assert doc["command"].startswith("vitdepth bench --device cpu --quick")
+    assert {"hardware", "versions", "git", "glibc_tunables", "load_start", "plan"} <= set(doc)
+    results = doc["results"]
+    assert set(results["a"]["images_per_s"]) == {"lightning", "bare", "timm"}
+    assert len(results["b"]["probe_seconds"]) >= 2  # the callback probed during the timed fits
+    assert {"depth", "tokens", "batch"} <= set(results["c"]["scaling"])
+    assert {"digits", "mnist5k", "synthetic", "cifar10"} <= set(results["d"]["loaders"])
+    assert results["e"]["flops_per_step"] > 0
+    for name in (n for n, f in doc["figures"].items() if f["pass"] is False):
+        assert results["profiles"][name], f"{name} missed its target without a profile"
+
+
+def test_quick_bench_markdown_lists_every_figure_with_its_target(quick_bench):
+    text = (quick_bench / "bench.md").read_text()
+    for name, target in TARGETS.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+        if target.op:
+            assert f"{target.op} {target.value:.3g}" in row and ("PASS" in row or "MISS" in row), row
+    assert "Quick mode" in text and "GLIBC_TUNABLES" in text and "vitdepth bench --device cpu --quick" in text
+
+
+def test_cuda_without_a_gpu_is_a_one_line_usage_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--device", "cuda", "--quick", "--out", str(tmp_path / "gpu")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--device cuda" in err
+    assert not (tmp_path / "gpu").exists()
+
+
+def test_gpu_figures_have_targets_of_their_own():
+    assert CUDA_TARGETS["mfu_bf16_compile"].value == 0.40 and not set(CUDA_TARGETS) & set(TARGETS)
+
+
+def test_a_failed_section_is_reported_and_the_rest_still_written(quick_bench, tmp_path):
+    from vitdepth.bench.plan import make_plan
+    from vitdepth.bench.report import write_report
+
+    doc = json.loads((quick_bench / "bench.json").read_text())
+    results = {k: v for k, v in doc["results"].items() if k != "c"}
+    results["errors"] = {"c": "RuntimeError: boom"}
+    meta = {k: v for k, v in doc.items() if k not in ("plan", "figures", "results")}
+    write_report(tmp_path, results, make_plan("cpu", quick=True), meta)
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["figures"]["metrics_s_d12_b256"]["value"] is None
+    assert written["figures"]["ours_over_bare"]["value"] == doc["figures"]["ours_over_bare"]["value"]
+    text = (tmp_path / "bench.md").read_text()
+    assert "RuntimeError: boom" in text and "**ERROR**" in text
+    assert (tmp_path / "scaling.png").stat().st_size > 0
