@@ -1,0 +1,69 @@
+"""Run ``vitdepth ARGS`` and SIGKILL the process at a chosen point, as a node failure would.
+
+    python tests/killswitch.py POINT N fit --config configs/digits.yaml ...
+
+The process dies on the N-th call of POINT (N = 0: never; every call is traced to stderr as
+``killswitch: POINT #k``, so a test can see which points a command passes through):
+
+    step, validation      ViTClassifier.training_step / validation_step, before the step runs
+    probe                 RankCollapseCallback.probe, before the probe runs
+    write:NAME            the rename that puts a file named NAME (last.ckpt, metrics.csv, summary.md, ...)
+                          in place; the temp file is cut to half its size first, as a kill mid-write leaves it
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from vitdepth.callbacks.rank_collapse import RankCollapseCallback
+from vitdepth.cli import main
+from vitdepth.lit.classifier import ViTClassifier
+
+METHODS = {"step": (ViTClassifier, "training_step"), "validation": (ViTClassifier, "validation_step"),
+           "probe": (RankCollapseCallback, "probe")}
+
+
+class KillSwitch:
+    def __init__(self, point: str, n: int) -> None:
+        self.point, self.n, self.calls = point, n, 0
+
+    def reached(self, label: str) -> bool:
+        self.calls += 1
+        print(f"killswitch: {label} #{self.calls}", file=sys.stderr, flush=True)
+        return self.calls == self.n
+
+    def die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def install(self) -> None:
+        if self.point.startswith("write:"):
+            self._wrap_replace(self.point.split(":", 1)[1])
+        else:
+            owner, name = METHODS[self.point]
+            original = getattr(owner, name)
+
+            def wrapped(*args, **kwargs):
+                if self.reached(self.point):
+                    self.die()
+                return original(*args, **kwargs)
+
+            setattr(owner, name, wrapped)
+
+    def _wrap_replace(self, filename: str) -> None:
+        original = os.replace
+
+        def replace(src, dst, *args, **kwargs):
+            if Path(dst).name == filename and self.reached(self.point):
+                os.truncate(src, os.path.getsize(src) // 2)
+                self.die()
+            return original(src, dst, *args, **kwargs)
+
+        os.replace = replace
+
+
+if __name__ == "__main__":
+    KillSwitch(sys.argv[1], int(sys.argv[2])).install()
+    sys.exit(main(sys.argv[3:]))
