@@ -38,8 +38,9 @@ TARGETS = {
     "metrics_s_d12_b256": Target(
         "c", "<=", 0.5, "seconds for all metrics after the probe forward (depth 12, width 192, 256 images)",
         "Analysis on the 2-vCPU development machine: the metrics run in float64 on 13 layers of (256, 65, 192) "
-        "tokens and 12 maps of (256, 3, 65, 65). Per layer, LAPACK's eigvalsh of 256 Gram matrices (65x65) runs "
-        "one matrix at a time on one core and is the largest single cost; the rest are memory-bound float64 passes "
+        "tokens and 12 maps of (256, 3, 65, 65). Per layer, LAPACK's eigvalsh of 256 Gram matrices (65x65) is the "
+        "largest single cost (torch runs a batch of them one at a time on one core; rank.eigvalsh_in_threads splits "
+        "the batch over torch's threads, ~1.5x on 2 cores); the rest are memory-bound float64 passes "
         "(abs/sum for the composite norm, xlogy for the entropy, products and sums for the map similarity). "
         "Shared work is already removed (one Gram matrix for both ranks and the cosines, one residual for both "
         "norms, one float64 cast per tensor). Without GLIBC_TUNABLES, fresh 25 MB allocations add page faults."),
