@@ -7,11 +7,15 @@ import subprocess
 import sys
 
 import pytest
+import pytorch_lightning as pl
+import torch
 from fakedata import write_fake_cifar, write_image_tree
+from torch.utils.data import DataLoader, TensorDataset
 
 from vitdepth.cli import main
 from vitdepth.lit.cli import resolve_run
 from vitdepth.lit.loggers import decide_wandb_mode
+from vitdepth.lit.run import BestAndLastCheckpoint
 from vitdepth.rundir import INIT_EPOCH, LAYER_METRICS, read_status
 
 pytestmark = pytest.mark.usefixtures("no_wandb_settings")
@@ -47,6 +51,32 @@ def test_fit_writes_a_complete_run_directory(tmp_path):
     assert sorted(int(r["layer"]) for r in layers if int(r["epoch"]) == INIT_EPOCH) == [0, 1, 2]
     offline_runs = list((run / "wandb").glob(f"offline-run-*-{run.name}"))
     assert offline_runs, "expected an offline W&B run named by the run id"
+
+
+class WorseEachEpoch(pl.LightningModule):
+    """val/acc1 falls every epoch, so the best epoch is the first and the last is not the best."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch, batch_idx):
+        return (self.weight - batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/acc1", 1.0 - 0.1 * self.current_epoch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_last_ckpt_is_the_last_epoch_even_when_it_is_not_the_best(tmp_path):
+    data = DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=2)
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[BestAndLastCheckpoint(tmp_path, monitor="val/acc1")])
+    trainer.fit(WorseEachEpoch(), data, data)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["epoch"] == 2
+    assert [p.name for p in tmp_path.glob("best-*.ckpt")] == ["best-epoch000.ckpt"]
 
 
 def test_same_command_same_directory_and_runtime_keys_do_not_matter(tmp_path):

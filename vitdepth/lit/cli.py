@@ -12,7 +12,6 @@ import signal
 import sys
 
 from jsonargparse import ArgumentError
-from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from typing_extensions import override
@@ -23,7 +22,13 @@ from vitdepth.errors import UsageError
 from vitdepth.lit.classifier import ViTClassifier
 from vitdepth.lit.loggers import WANDB_MODES, RunCSVLogger, decide_wandb_mode, wandb_logger
 from vitdepth.lit.preemption import Preemption, slurm_environment
-from vitdepth.lit.run import AtomicCheckpointIO, RunIdentity, RunRecorder, newest_checkpoint
+from vitdepth.lit.run import (
+    AtomicCheckpointIO,
+    BestAndLastCheckpoint,
+    RunIdentity,
+    RunRecorder,
+    newest_checkpoint,
+)
 from vitdepth.provenance import library_versions
 from vitdepth.rundir import CHECKPOINTS
 
@@ -63,10 +68,7 @@ class VitdepthCLI(LightningCLI):
         loggers = [RunCSVLogger(identity.dir)]
         wandb = wandb_logger(identity.dir, identity.run_id, identity.group, identity.name, identity.tags, flat, mode)
         loggers += [wandb] if wandb else []
-        callbacks = [
-            ModelCheckpoint(dirpath=identity.dir / CHECKPOINTS, filename="best-epoch{epoch:03d}", monitor="val/acc1",
-                            mode="max", save_last=True, auto_insert_metric_name=False),
-        ]
+        callbacks = [BestAndLastCheckpoint(identity.dir / CHECKPOINTS, monitor="val/acc1")]
         if self.subcommand == "fit":
             callbacks += [RunRecorder(identity), Preemption()]
         trainer_config = self._get(self.config_init, "trainer", default={})

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -92,6 +92,35 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
             raise (disk_full_error(error, path) or error) from error
         os.replace(tmp, path)
+
+
+class BestAndLastCheckpoint(ModelCheckpoint):
+    """The best checkpoint by the monitored metric, and ``last.ckpt`` after every validation.
+
+    Since Lightning 2.5, ``save_last=True`` rewrites ``last.ckpt`` only when a top-k checkpoint was
+    saved in the same step, so after the best epoch it goes stale: a rerun would resume from the best
+    epoch and retrain the rest, and ``vitdepth theory --run`` would read the best model, not the last.
+    """
+
+    def __init__(self, dirpath: Path, monitor: str) -> None:
+        super().__init__(dirpath=dirpath, filename="best-epoch{epoch:03d}", monitor=monitor, mode="max",
+                         save_last=True, auto_insert_metric_name=False)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_unsaved(trainer)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_unsaved(trainer)
+
+    def _save_last_if_unsaved(self, trainer: pl.Trainer) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):  # skipped when this step is already saved
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 class RunRecorder(Callback):
