@@ -10,6 +10,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from fakedata import write_fake_cifar, write_image_tree
+from metrics_csv import final_val
 from torch.utils.data import DataLoader, TensorDataset
 
 from vitdepth.cli import main
@@ -90,11 +91,6 @@ def test_same_command_same_directory_and_runtime_keys_do_not_matter(tmp_path):
     assert c.tags == ["full", "digits", "d3"]
 
 
-def final_val(run_dir):
-    last = [r for r in rows(run_dir / "metrics.csv") if r["val/acc1"]][-1]
-    return float(last["val/loss"]), float(last["val/acc1"])
-
-
 @pytest.mark.parametrize("hundred", [False, True])
 def test_cifar_trains_a_few_steps_through_the_real_loader(tmp_path, cifar_md5_off, hundred):
     write_fake_cifar(tmp_path, hundred=hundred, n=200)
@@ -148,7 +144,7 @@ def test_ddp_two_cpu_processes_log_once(tmp_path):
 def test_a_tiny_vit_really_learns_digits(tmp_path):
     args = fit_args(tmp_path, "--trainer.max_epochs", "8", "--model.embed_dim", "32", "--model.warmup_epochs", "1")
     assert main(args) == 0
-    _, acc1 = final_val(resolve_run(args).dir)
+    _, _, acc1 = final_val(resolve_run(args).dir)
     assert acc1 > 0.5  # chance is 0.1
 
 
@@ -161,5 +157,5 @@ def test_anti_collapse_variants_learn_digits(tmp_path, variant):
             "--trainer.enable_model_summary", "false", "--rank_collapse.every_n_epochs", "0",
             "--rank_collapse.probe_size", "16"]
     assert main(args) == 0
-    _, acc1 = final_val(resolve_run(args).dir)
+    _, _, acc1 = final_val(resolve_run(args).dir)
     assert acc1 >= 0.85, f"{variant}: {acc1:.3f}"

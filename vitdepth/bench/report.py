@@ -45,8 +45,8 @@ TARGETS = {
         "a batch one matrix at a time on one core; rank.eigvalsh_in_threads splits it over torch's threads, which is "
         "why the as-measured profile does not see it), the Gram bmm, and memory-bound passes (xlogy for the entropy, "
         "abs/sum for the composite norm). Shared work is already removed (one Gram matrix for both ranks and the "
-        "cosines, one residual for both "
-"norms, one float64 cast per tensor). Without GLIBC_TUNABLES, fresh 25 MB allocations add page faults."),
+        "cosines, one residual for both norms, one float64 cast per tensor). Without GLIBC_TUNABLES, fresh 25 MB "
+        "allocations add page faults."),
     "loader_over_step": Target(
         "d", ">=", 5, "train-loader images/s / training-step images/s at the same shape (min over data modules)",
         "The limiting loader's own per-image Python work; see the function profile."),
