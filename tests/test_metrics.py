@@ -99,6 +99,16 @@ def test_attention_entropy_uniform_is_one_and_one_hot_is_zero():
     assert torch.allclose(attention_entropy(one_hot), torch.zeros(1, 2, dtype=torch.float64))
 
 
+def test_attention_entropy_is_nan_only_for_maps_with_a_negative_entry():
+    """AttnScale and Re-attention maps can leave the simplex; -a log a has no value there."""
+    maps = torch.softmax(torch.randn(2, 2, 5, 5), -1)
+    maps[1, 0, 3, 1] = -0.01
+    entropy = attention_entropy(maps)
+    assert torch.isnan(entropy[1, 0]) and torch.isfinite(entropy.flatten()[[0, 1, 3]]).all()
+    p = maps[0, 0].double()
+    assert entropy[0, 0].item() == pytest.approx((-(p * p.log()).sum(-1).mean() / math.log(5)).item(), rel=1e-12)
+
+
 def test_attention_similarity_of_a_map_with_itself_is_one_and_of_disjoint_maps_zero():
     a = torch.softmax(torch.randn(2, 3, 5, 5), -1)
     assert torch.allclose(attention_similarity(a, a), torch.ones(2, dtype=torch.float64))

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from vitdepth.collapse.measure import ModelShape, fit_contraction, load_inputs, measure_collapse
+from vitdepth.metrics import attention_similarity
 from vitdepth.models import build_vit
 from vitdepth.probe import probe, probe_metrics
 
@@ -43,10 +44,15 @@ def test_probe_layers_are_embedding_then_block_outputs_and_reproduce_the_logits(
 def test_probe_metrics_shapes_and_attention_similarity():
     torch.manual_seed(0)
     model = build_vit("full", 3, **SMALL)
-    metrics = probe_metrics(model, torch.randn(5, 3, 16, 16))
+    images = torch.randn(5, 3, 16, 16)
+    metrics = probe_metrics(model, images)
     assert all(v.shape == (4, 5) and v.dtype == torch.float64 for v in metrics.values())
     assert torch.isnan(metrics["attn_entropy"][0]).all()
     assert torch.isnan(metrics["attn_similarity"][:2]).all() and not torch.isnan(metrics["attn_similarity"][2:]).any()
+    maps = probe(model, images).attn  # the streamed similarity (each layer's column norms kept) is the metric's
+    for layer in (2, 3):
+        assert torch.allclose(metrics["attn_similarity"][layer], attention_similarity(maps[layer - 1], maps[layer]),
+                              rtol=1e-12, atol=0)
 
 
 def test_at_init_pure_attention_collapses_and_full_does_not():

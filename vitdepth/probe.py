@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vitdepth.metrics import attention_similarity, layer_metrics
+from vitdepth.metrics import layer_metrics
+from vitdepth.metrics.attention import column_sq_norms, similarity_of_columns
 
 LayerVisitor = Callable[[int, Tensor, "Tensor | None"], None]
 
@@ -91,15 +92,17 @@ class LayerMeter:
     def __init__(self, num_prefix_tokens: int) -> None:
         self.num_prefix_tokens = num_prefix_tokens
         self.rows: list[dict[str, Tensor]] = []
-        self.previous: Tensor | None = None  # the last block's map, already float64
+        self.previous: tuple[Tensor, Tensor] | None = None  # the last block's map (float64), its column_sq_norms
 
     def __call__(self, layer: int, x: Tensor, attn: Tensor | None) -> None:
         attn = None if attn is None else attn.detach().to(torch.float64)  # cast once, for both attention metrics
         row = layer_metrics(x, attn, self.num_prefix_tokens)
-        nan = torch.full_like(row["rel_residual"], float("nan"))
-        row["attn_similarity"] = (nan if attn is None or self.previous is None
-                                  else attention_similarity(self.previous, attn))
-        self.previous = attn
+        row["attn_similarity"] = torch.full_like(row["rel_residual"], float("nan"))
+        current = None if attn is None else (attn, column_sq_norms(attn))
+        if current is not None and self.previous is not None:
+            (previous, previous_sq), (_, sq) = self.previous, current
+            row["attn_similarity"] = similarity_of_columns(previous, attn, previous_sq, sq)
+        self.previous = current
         self.rows.append(row)
 
     def result(self) -> dict[str, Tensor]:

@@ -43,9 +43,11 @@ TARGETS = {
         "float64 products (aten::mul: the cross-layer map similarity's column dot products and norms over 26 MB "
         "maps, and the cosine normalisation), LAPACK's eigvalsh of 256 Gram matrices (65x65) per layer (torch solves "
         "a batch one matrix at a time on one core; rank.eigvalsh_in_threads splits it over torch's threads, which is "
-        "why the as-measured profile does not see it), the Gram bmm, and memory-bound passes (xlogy for the entropy, "
+        "why the as-measured profile does not see it), the Gram bmm, and memory-bound passes (entr for the entropy, "
         "abs/sum for the composite norm). Shared work is already removed (one Gram matrix for both ranks and the "
-        "cosines, one residual for both norms, one float64 cast per tensor). Without GLIBC_TUNABLES, fresh 25 MB "
+        "cosines, one residual for both norms, one float64 cast per tensor, each map's column norms once for the "
+        "two similarities it enters; entr instead of xlogy, the same values). Eigenvalues of a 65x65 Gram matrix "
+        "are the floor in float64 (float32 floors at ~3e-4, environment.md). Without GLIBC_TUNABLES, fresh 25 MB "
         "allocations add page faults."),
     "loader_over_step": Target(
         "d", ">=", 5, "train-loader images/s / training-step images/s at the same shape (min over data modules)",

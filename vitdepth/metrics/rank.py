@@ -117,7 +117,7 @@ def effective_rank_of_spectrum(s2: Tensor) -> Tensor:
     """``effective_rank`` from sigma_i^2 (..., K), as ``squared_singular_values`` returns them."""
     s = s2.sqrt()
     p = s / s.sum(-1, keepdim=True)
-    return torch.exp(-torch.special.xlogy(p, p).sum(-1))
+    return torch.exp(torch.special.entr(p).sum(-1))
 
 
 @float64_no_autocast
