@@ -98,11 +98,11 @@ class LayerMeter:
         attn = None if attn is None else attn.detach().to(torch.float64)  # cast once, for both attention metrics
         row = layer_metrics(x, attn, self.num_prefix_tokens)
         row["attn_similarity"] = torch.full_like(row["rel_residual"], float("nan"))
-        current = None if attn is None else (attn, column_sq_norms(attn))
-        if current is not None and self.previous is not None:
-            (previous, previous_sq), (_, sq) = self.previous, current
+        sq = None if attn is None else column_sq_norms(attn)
+        if attn is not None and self.previous is not None:
+            previous, previous_sq = self.previous
             row["attn_similarity"] = similarity_of_columns(previous, attn, previous_sq, sq)
-        self.previous = current
+        self.previous = None if attn is None else (attn, sq)
         self.rows.append(row)
 
     def result(self) -> dict[str, Tensor]:
