@@ -3,7 +3,8 @@
     python tests/killswitch.py POINT N fit --config configs/digits.yaml ...
 
 The process dies on the N-th call of POINT (N = 0: never; every call is traced to stderr as
-``killswitch: POINT #k``, so a test can see which points a command passes through):
+``killswitch: POINT #k``, so a test can see which points a command passes through). With
+``KILLSWITCH_SIGNAL=SIGUSR1`` (or another name) it gets that signal there instead, as from SLURM:
 
     step, validation      ViTClassifier.training_step / validation_step, before the step runs
     probe                 RankCollapseCallback.probe, before the probe runs
@@ -27,16 +28,16 @@ METHODS = {"step": (ViTClassifier, "training_step"), "validation": (ViTClassifie
 
 
 class KillSwitch:
-    def __init__(self, point: str, n: int) -> None:
-        self.point, self.n, self.calls = point, n, 0
+    def __init__(self, point: str, n: int, sig: signal.Signals = signal.SIGKILL) -> None:
+        self.point, self.n, self.sig, self.calls = point, n, sig, 0
 
     def reached(self, label: str) -> bool:
         self.calls += 1
         print(f"killswitch: {label} #{self.calls}", file=sys.stderr, flush=True)
         return self.calls == self.n
 
-    def die(self) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
+    def strike(self) -> None:
+        os.kill(os.getpid(), self.sig)
 
     def install(self) -> None:
         if self.point.startswith("write:"):
@@ -47,7 +48,7 @@ class KillSwitch:
 
             def wrapped(*args, **kwargs):
                 if self.reached(self.point):
-                    self.die()
+                    self.strike()
                 return original(*args, **kwargs)
 
             setattr(owner, name, wrapped)
@@ -58,12 +59,12 @@ class KillSwitch:
         def replace(src, dst, *args, **kwargs):
             if Path(dst).name == filename and self.reached(self.point):
                 os.truncate(src, os.path.getsize(src) // 2)
-                self.die()
+                self.strike()
             return original(src, dst, *args, **kwargs)
 
         os.replace = replace
 
 
 if __name__ == "__main__":
-    KillSwitch(sys.argv[1], int(sys.argv[2])).install()
+    KillSwitch(sys.argv[1], int(sys.argv[2]), signal.Signals[os.environ.get("KILLSWITCH_SIGNAL", "SIGKILL")]).install()
     sys.exit(main(sys.argv[3:]))

@@ -185,6 +185,28 @@ def test_a_slurm_signal_checkpoints_requeues_and_the_rerun_ends_equal(tmp_path, 
     assert wandb_ids(run) == [run.name, run.name]  # the same W&B run, continued
 
 
+@pytest.mark.parametrize("step, extra", [(22, ()), (11, ("--trainer.val_check_interval", "11"))])
+def test_a_slurm_signal_in_a_step_before_validation_checkpoints_after_that_validation(tmp_path, fake_slurm,
+                                                                                      reference, step, extra):
+    """Lightning resumes a checkpoint from a step that a validation follows (the epoch's last, 22; or every 11
+    steps) past that validation (the real-SLURM test lost an epoch this way), so the save waits a step."""
+    env, calls = fake_slurm
+    args = fit_args(tmp_path, *extra)
+    run = resolve_run(args).dir
+    signalled = subprocess.run([sys.executable, str(KILLSWITCH), "step", str(step), *args], capture_output=True,
+                               text=True, timeout=300, env={**env, "KILLSWITCH_SIGNAL": "SIGUSR1"})
+    assert signalled.returncode == 128 + signal.SIGTERM, signalled.stderr[-2000:]
+    assert calls.read_text().splitlines() == ["requeue 4242"]
+    (hpc,) = run.glob("hpc_ckpt_*.ckpt")
+    assert torch.load(hpc, map_location="cpu", weights_only=False)["global_step"] == step + 1
+    assert final_val(run)[0] == [0]  # the validation after the signalled step ran before the save
+    done = vitdepth(*args, env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert done.returncode == 0 and f"from {hpc.name}" in done.stderr, done.stderr[-2000:]
+    epochs, loss, acc = final_val(run)
+    assert epochs == [e for e in reference[0] for _ in range(22 // step)]  # each validation once, none skipped
+    assert (loss, acc) == pytest.approx(reference[1:], abs=1e-6)
+
+
 def test_sigterm_outside_slurm_stops_resumably_and_resumes_exactly(tmp_path, reference):
     args = fit_args(tmp_path)
     run = resolve_run(args).dir

@@ -6,7 +6,9 @@ in the middle of a validation epoch, a resume then skips that epoch's validation
 SLURM sends on preemption, and after a requeue) only stops the run at the end of the epoch. Here both
 only set a flag; the checkpoint is written at the end of the next training step, which Lightning
 resumes from consistently, and :mod:`vitdepth.data.sampling` makes the rest of the epoch repeat an
-uninterrupted run.
+uninterrupted run. Not after a step that a validation follows (an epoch's last, or every
+``val_check_interval`` steps), though: Lightning resumes from such a step past that validation, so it
+runs first and the checkpoint follows the next step.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Preemption(Callback):
         if not _under_slurm(trainer):
             return
         signalled = self.signalled or (signal.SIGTERM if trainer.received_sigterm else None)
-        if signalled is None:
+        if signalled is None or _validation_follows(trainer):
             return
         path = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
         trainer.save_checkpoint(path)
@@ -98,6 +100,11 @@ class Preemption(Callback):
             rank_zero_info(f"vitdepth: {signal.Signals(signalled).name} at step {trainer.global_step}: saved "
                            f"{os.path.basename(path)}, {outcome} SLURM job {job}")
         raise SIGTERMException  # stop now: the requeued job resumes from this step
+
+
+def _validation_follows(trainer: pl.Trainer) -> bool:
+    """Lightning's own decision, made right after this hook, to validate now."""
+    return trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
 
 
 def _under_slurm(trainer: pl.Trainer) -> bool:

@@ -32,7 +32,7 @@ DEFAULTS = {
     "mem": None,  # e.g. 64G
     "constraint": None,
     "max_parallel": None,  # at most this many array tasks at once (--array=0-N%K)
-    "signal_lead": 120,  # seconds before the time limit that USR1 arrives; > checkpoint time + 60 s
+    "signal_lead": 120,  # seconds before the time limit that USR1 arrives; > validation + checkpoint + 60 s
     "python": "python",
     "wandb_mode": "offline",
     "setup": [],  # shell lines before srun, e.g. "module load cuda", "source .venv/bin/activate"
