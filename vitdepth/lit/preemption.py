@@ -6,9 +6,11 @@ in the middle of a validation epoch, a resume then skips that epoch's validation
 SLURM sends on preemption, and after a requeue) only stops the run at the end of the epoch. Here both
 only set a flag; the checkpoint is written at the end of the next training step, which Lightning
 resumes from consistently, and :mod:`vitdepth.data.sampling` makes the rest of the epoch repeat an
-uninterrupted run. Not after a step that a validation follows (an epoch's last, or every
-``val_check_interval`` steps), though: Lightning resumes from such a step past that validation, so it
-runs first and the checkpoint follows the next step.
+uninterrupted run. Lightning resumes from a step that a validation follows (an epoch's last, or every
+``val_check_interval`` steps) past that validation, so after USR1 (the time limit, minutes ahead) it
+runs first and the checkpoint follows the next step. After SIGTERM the save cannot wait: SIGKILL
+follows within the cluster's KillWait, and Lightning stops a validation on SIGTERM anyway; the
+resumed run then lacks that one validation.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class Preemption(Callback):
         if not _under_slurm(trainer):
             return
         signalled = self.signalled or (signal.SIGTERM if trainer.received_sigterm else None)
-        if signalled is None or _validation_follows(trainer):
+        if signalled is None or (signalled == signal.SIGUSR1 and _validation_follows(trainer)):
             return
         path = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
         trainer.save_checkpoint(path)
