@@ -10,6 +10,7 @@ import filecmp
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -205,6 +206,43 @@ def test_a_slurm_signal_in_a_step_before_validation_checkpoints_after_that_valid
     epochs, loss, acc = final_val(run)
     assert epochs == [e for e in reference[0] for _ in range(22 // step)]  # each validation once, none skipped
     assert (loss, acc) == pytest.approx(reference[1:], abs=1e-6)
+
+
+def run_tasks(commands, env, logs: Path, timeout: float = 180) -> list[int]:
+    """One process per SLURM task, as srun starts them; a job still running at the timeout is killed and fails."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    logs.mkdir(exist_ok=True)
+    procs = [subprocess.Popen([sys.executable, *map(str, command)], stdout=subprocess.DEVNULL,
+                              stderr=open(logs / f"rank{rank}.log", "w"), text=True,
+                              env={**env, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "MASTER_PORT": str(port)})
+             for rank, command in enumerate(commands)]
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"the job hung:\n{(logs / 'rank1.log').read_text()[-1500:]}")
+
+
+def test_a_signal_that_reaches_one_ddp_rank_stops_every_rank_at_the_same_step(tmp_path, fake_slurm):
+    """srun signals every task, but each notes the signal at its own step. A rank that saved alone waited in
+    the checkpoint's barrier while the others waited in their gradient all-reduce: the job hung."""
+    env, calls = fake_slurm
+    env.update(SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", OMP_NUM_THREADS="1", KILLSWITCH_SIGNAL="SIGUSR1")
+    args = fit_args(tmp_path, "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
+    run = resolve_run(args).dir
+    codes = run_tasks([[KILLSWITCH, "step", "0", *args], [KILLSWITCH, "step", "5", *args]], env, tmp_path / "first")
+    assert codes == [128 + signal.SIGTERM] * 2, (tmp_path / "first" / "rank0.log").read_text()[-2000:]
+    assert calls.read_text().splitlines() == ["requeue 4242"]  # rank 0 requeues, once
+    (hpc,) = run.glob("hpc_ckpt_*.ckpt")
+    assert torch.load(hpc, map_location="cpu", weights_only=False)["global_step"] == 5  # rank 1's signal
+    codes = run_tasks([["-m", "vitdepth", *args]] * 2, {**env, "SLURM_RESTART_COUNT": "1"}, tmp_path / "again")
+    resumed = (tmp_path / "again" / "rank0.log").read_text()
+    assert codes == [0, 0] and f"from {hpc.name}" in resumed, resumed[-2000:]
+    assert final_val(run)[0] == [0, 1, 2] and read_status(run)["status"] == "finished"
 
 
 def test_sigterm_outside_slurm_stops_resumably_and_resumes_exactly(tmp_path, reference):

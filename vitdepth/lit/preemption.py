@@ -20,6 +20,7 @@ import signal
 import subprocess
 
 import pytorch_lightning as pl
+import torch
 from lightning_fabric.plugins.environments import SLURMEnvironment
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -90,8 +91,8 @@ class Preemption(Callback):
                            batch_idx: int) -> None:
         if not _under_slurm(trainer):
             return
-        signalled = self.signalled or (signal.SIGTERM if trainer.received_sigterm else None)
-        if signalled is None or (signalled == signal.SIGUSR1 and _validation_follows(trainer)):
+        signalled = _on_any_rank(trainer, self.signalled or (signal.SIGTERM if trainer.received_sigterm else 0))
+        if not signalled or (signalled == signal.SIGUSR1 and _validation_follows(trainer)):
             return
         path = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
         trainer.save_checkpoint(path)
@@ -102,6 +103,15 @@ class Preemption(Callback):
             rank_zero_info(f"vitdepth: {signal.Signals(signalled).name} at step {trainer.global_step}: saved "
                            f"{os.path.basename(path)}, {outcome} SLURM job {job}")
         raise SIGTERMException  # stop now: the requeued job resumes from this step
+
+
+def _on_any_rank(trainer: pl.Trainer, signum: int) -> int:
+    """The signal any rank has noted (SIGTERM over USR1). Ranks note a signal at different steps; one that
+    saved alone would wait in the checkpoint's barrier while the others wait in their gradient all-reduce."""
+    if trainer.world_size == 1:
+        return signum
+    noted = torch.tensor(int(signum), device=trainer.strategy.root_device)
+    return int(trainer.strategy.reduce(noted, reduce_op="max"))
 
 
 def _validation_follows(trainer: pl.Trainer) -> bool:
