@@ -214,10 +214,12 @@ def run_tasks(commands, env, logs: Path, timeout: float = 180) -> list[int]:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     logs.mkdir(exist_ok=True)
-    procs = [subprocess.Popen([sys.executable, *map(str, command)], stdout=subprocess.DEVNULL,
-                              stderr=open(logs / f"rank{rank}.log", "w"), text=True,
-                              env={**env, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "MASTER_PORT": str(port)})
-             for rank, command in enumerate(commands)]
+    procs = []
+    for rank, command in enumerate(commands):
+        with open(logs / f"rank{rank}.log", "w") as log:  # the child keeps its own copy of the descriptor
+            procs.append(subprocess.Popen([sys.executable, *map(str, command)], stdout=subprocess.DEVNULL, stderr=log,
+                                          env={**env, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
+                                               "MASTER_PORT": str(port)}))
     deadline = time.monotonic() + timeout
     try:
         return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
