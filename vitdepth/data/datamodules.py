@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitdepth.data.bundled import load_digits, load_mnist5k, stratified_split
+from vitdepth.data.idx import FASHION_MNIST, MNIST, load_idx
 from vitdepth.data.datasets import InMemoryImages, Transformed, class_dirs, synthetic_images
 from vitdepth.data.sampling import EpochSeededSampler, SeededSamples
 from vitdepth.data.transforms import TensorBatchTransform, cifar_transform, imagenet_transform
@@ -29,8 +30,10 @@ class DatasetSpec:
     """What the model and the transforms must know about a dataset before any file is read.
 
     `kind` picks the reader and the transforms: "memory" (uint8 tensors from `source()`),
+    "idx" (MNIST-format files with an official test set; `source` is a `vitdepth.data.idx.IdxSet`),
     "synthetic" (seeded random tensors), "cifar" (`source` is the torchvision class) or
     "imagenet" (an image folder read by timm). A one-element mean/std applies to every channel.
+    `val_fraction` is the default share of the training data held out for validation.
     """
 
     kind: str
@@ -41,12 +44,17 @@ class DatasetSpec:
     std: tuple[float, ...]
     source: Callable | None = None
     pad: int = 0  # margin of the random translation used to augment in-memory data
+    val_fraction: float = 0.2
 
 
 DATASETS = {
     # mean/std measured once on the full bundled sets (pixels scaled to 0..1)
     "digits": DatasetSpec("memory", 10, 8, 1, (0.3053,), (0.3759,), load_digits, pad=1),
     "mnist5k": DatasetSpec("memory", 10, 28, 1, (0.1313,), (0.3086,), load_mnist5k, pad=2),
+    # measured on the 60k training images; MNIST's are the customary values of its training set
+    "fashion_mnist": DatasetSpec("idx", 10, 28, 1, (0.2860,), (0.3530,), FASHION_MNIST, pad=2,
+                                 val_fraction=0.1),
+    "mnist": DatasetSpec("idx", 10, 28, 1, (0.1307,), (0.3081,), MNIST, pad=2, val_fraction=0.1),
     "cifar10": DatasetSpec("cifar", 10, 32, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10),
     "cifar100": DatasetSpec("cifar", 100, 32, 3, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100),
     "imagenet": DatasetSpec("imagenet", 1000, 224, 3, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
@@ -63,11 +71,14 @@ class ImageDataModule(pl.LightningDataModule):
 
     Args:
         dataset: a key of `DATASETS`.
-        root: folder holding CIFAR (`cifar-10-batches-py/`, `cifar-100-python/`) or ImageNet
-            (`train/`, `val/`); unused for in-memory datasets.
+        root: folder holding CIFAR (`cifar-10-batches-py/`, `cifar-100-python/`), ImageNet
+            (`train/`, `val/`) or the IDX files of Fashion-MNIST/MNIST (default for Fashion-MNIST:
+            Debian's `/usr/share/datasets/fashion-mnist`); unused for bundled datasets.
         img_size: resize to this many pixels a side; default the dataset's own size.
-        val_fraction: share of each class held out for validation. CIFAR with 0 trains on all
-            50k images and validates on the test set; ImageNet always validates on `val/`.
+        val_fraction: share of each class held out for validation; default the dataset's own
+            (0.1 for Fashion-MNIST/MNIST, else 0.2). CIFAR with 0 trains on all 50k images and
+            validates on the test set; ImageNet always validates on `val/`. Fashion-MNIST and MNIST
+            test on their official test sets; the bundled sets have none and test on validation.
         split_seed: seed of the held-out split and of synthetic data.
         augment: False gives eval transforms for training too.
         auto_augment: a timm RandAugment string such as "rand-m9-mstd0.5-inc1" (CIFAR, ImageNet).
@@ -79,7 +90,8 @@ class ImageDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, dataset: str = "digits", root: str | None = None, img_size: int | None = None,
-                 batch_size: int = 128, num_workers: int = 0, val_fraction: float = 0.2, split_seed: int = 0,
+                 batch_size: int = 128, num_workers: int = 0, val_fraction: float | None = None,
+                 split_seed: int = 0,
                  augment: bool = True, auto_augment: str | None = None, re_prob: float = 0.0,
                  download: bool = False, num_samples: int = 1024, num_classes: int | None = None,
                  in_chans: int | None = None, probe_size: int = 256):
@@ -90,7 +102,10 @@ class ImageDataModule(pl.LightningDataModule):
         if dataset not in DATASETS:
             raise choice_error("dataset", dataset, DATASETS)
         self.spec = spec = DATASETS[dataset]
+        self.val_fraction = spec.val_fraction if val_fraction is None else val_fraction
         self._check_options()
+        # read (and check) the files now: a bad file stops the run before its directory exists
+        self._idx = load_idx(spec.source, root) if spec.kind == "idx" else None
         synthetic = spec.kind == "synthetic"
         self.num_classes = self._resolve("num_classes", num_classes, None if synthetic else self._data_classes())
         self.in_chans = self._resolve("in_chans", in_chans, None if synthetic else spec.in_chans)
@@ -105,11 +120,11 @@ class ImageDataModule(pl.LightningDataModule):
         hp, kind = self.hparams, self.spec.kind
         if kind in ("cifar", "imagenet") and not hp.root:
             raise UsageError(f"dataset {hp.dataset!r} needs --data.root: the folder that holds its files")
-        zero_ok = kind != "memory" and kind != "synthetic"  # they have no other set to validate on
-        if not 0 <= hp.val_fraction < 1 or (hp.val_fraction == 0 and not zero_ok):
-            raise UsageError(f"val_fraction={hp.val_fraction} must be in {'[' if zero_ok else '('}0, 1) "
+        zero_ok = kind in ("cifar", "imagenet")  # the others have no other set to validate on
+        if not 0 <= self.val_fraction < 1 or (self.val_fraction == 0 and not zero_ok):
+            raise UsageError(f"val_fraction={self.val_fraction} must be in {'[' if zero_ok else '('}0, 1) "
                              f"for dataset {hp.dataset!r}")
-        if hp.auto_augment and (kind in ("memory", "synthetic") or not hp.auto_augment.startswith("rand")):
+        if hp.auto_augment and (kind in ("memory", "idx", "synthetic") or not hp.auto_augment.startswith("rand")):
             raise UsageError(f"auto_augment={hp.auto_augment!r}: use a timm RandAugment string such as "
                              "'rand-m9-mstd0.5-inc1', and only with cifar10, cifar100 or imagenet")
 
@@ -142,25 +157,31 @@ class ImageDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Build all three splits once; later calls (any stage) reuse them."""
         if self.train_set is None:
-            make = {"memory": self._memory_sets, "synthetic": self._memory_sets,
+            make = {"memory": self._memory_sets, "synthetic": self._memory_sets, "idx": self._memory_sets,
                     "cifar": self._cifar_sets, "imagenet": self._imagenet_sets}[self.spec.kind]
             self.train_set, self.val_set, self.test_set = make()
             if not len(self.val_set):
                 raise UsageError(f"the validation split of {self.hparams.dataset!r} is empty; raise "
-                                 f"--data.val_fraction (now {self.hparams.val_fraction}) or add images")
+                                 f"--data.val_fraction (now {self.val_fraction}) or add images")
 
     def _memory_sets(self) -> tuple[Dataset, Dataset, Dataset]:
         hp = self.hparams
         if self.spec.kind == "synthetic":
             images, labels = synthetic_images(hp.num_samples, self.num_classes, self.img_size, self.in_chans,
                                               hp.split_seed)
+        elif self._idx is not None:
+            images, labels = self._idx["train"]
         else:
             images, labels = self.spec.source()
-        train_idx, val_idx = stratified_split(labels, hp.val_fraction, hp.split_seed)
+        train_idx, val_idx = stratified_split(labels, self.val_fraction, hp.split_seed)
         plain = TensorBatchTransform(self.mean, self.std, self.img_size)
         train_tf = TensorBatchTransform(self.mean, self.std, self.img_size, self.spec.pad, hp.re_prob)
         val = InMemoryImages(images, labels, val_idx, plain)
-        return InMemoryImages(images, labels, train_idx, train_tf if hp.augment else plain), val, val
+        test = val
+        if self._idx is not None:  # the official test set
+            test_images, test_labels = self._idx["test"]
+            test = InMemoryImages(test_images, test_labels, torch.arange(len(test_labels)), plain)
+        return InMemoryImages(images, labels, train_idx, train_tf if hp.augment else plain), val, test
 
     def _cifar_sets(self) -> tuple[Dataset, Dataset, Dataset]:
         hp = self.hparams
@@ -168,9 +189,9 @@ class ImageDataModule(pl.LightningDataModule):
         options = (self.img_size, self.spec.img_size, self.mean, self.std, hp.auto_augment, hp.re_prob)
         train_tf, plain = cifar_transform(hp.augment, *options), cifar_transform(False, *options)
         test_set = Transformed(test, plain)
-        if hp.val_fraction == 0:
+        if self.val_fraction == 0:
             return Transformed(full, train_tf), test_set, test_set
-        train_idx, val_idx = stratified_split(full.targets, hp.val_fraction, hp.split_seed)
+        train_idx, val_idx = stratified_split(full.targets, self.val_fraction, hp.split_seed)
         return Transformed(full, train_tf, train_idx), Transformed(full, plain, val_idx), test_set
 
     def _open_cifar(self, train: bool) -> Dataset:
@@ -212,6 +233,12 @@ class ImageDataModule(pl.LightningDataModule):
         except RuntimeError as err:  # timm: "Found 0 images in subfolders of ..."
             raise UsageError(f"no images found in {folder}/; expected one sub-folder per class "
                              "holding JPEG/PNG files") from err
+
+    @property
+    def has_test_split(self) -> bool:
+        """Whether the test split holds images that validation never saw (e.g. an official test set)."""
+        self.setup()
+        return self.test_set is not self.val_set
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)

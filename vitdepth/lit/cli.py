@@ -30,7 +30,7 @@ from vitdepth.lit.run import (
     newest_checkpoint,
 )
 from vitdepth.provenance import library_versions
-from vitdepth.rundir import CHECKPOINTS
+from vitdepth.rundir import CHECKPOINTS, read_status
 
 
 class _Resolved(Exception):
@@ -89,6 +89,13 @@ class VitdepthCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._resume_path()
+
+    def after_fit(self) -> None:
+        """Score the best checkpoint by validation accuracy on the test split, when validation did
+        not already use it: the number a paper quotes, chosen without looking at the test set."""
+        status = (read_status(self.identity.dir) or {}).get("status")
+        if status == "finished" and self.datamodule.has_test_split:
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
 
     def before_validate(self) -> None:
         self._resume_path()
