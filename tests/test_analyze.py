@@ -256,6 +256,32 @@ def test_text_model_without_text_and_missing_extra(tmp_path, capsys, monkeypatch
     assert "pip install 'vitdepth[hf]'" in one_line_error(capsys, ["analyze", f"hf:{folder}", "--out", str(tmp_path)])
 
 
+def test_pretrained_timm_weights_load_from_the_hub_cache_without_network(tmp_path, monkeypatch):
+    """A file in the Hub cache's layout is what --pretrained reads; the same file via --checkpoint agrees."""
+    import huggingface_hub
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(5)
+    state = timm.create_model("vit_tiny_patch16_224").state_dict()
+    repo = tmp_path / "hub" / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    weights = repo / "snapshots" / "abc123" / "model.safetensors"
+    weights.parent.mkdir(parents=True)
+    save_file(state, str(weights))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    common = dict(data="digits", n_inputs=2)
+    cached = analyze("timm:vit_tiny_patch16_224", pretrained=True, **common)
+    direct = analyze("timm:vit_tiny_patch16_224", checkpoint=str(weights), **common)
+    assert cached.provenance["weight_files_sha256"] == direct.provenance["weight_files_sha256"]
+    assert list(cached.provenance["weight_files_sha256"]) == [str(weights)]
+    assert [r["rel_residual_mean"] for r in cached.rows] == [r["rel_residual_mean"] for r in direct.rows]
+    fresh = analyze("timm:vit_tiny_patch16_224", **common)  # seed 0 init: other weights, other numbers
+    assert [r["rel_residual_mean"] for r in fresh.rows] != [r["rel_residual_mean"] for r in cached.rows]
+
+
 @pytest.mark.parametrize("model", ["timm:vit_tiny_patch16_224", "hf:google-bert/bert-base-uncased"])
 def test_pretrained_offline_fails_in_seconds_with_one_line(tmp_path, model):
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "TORCH_HOME": str(tmp_path / "torch"),
