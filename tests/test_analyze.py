@@ -192,6 +192,11 @@ def test_cli_on_a_local_hf_vit_folder_counts_its_prefix_tokens(tmp_path):
     rows = read_rows(out / "analysis.csv")
     assert len(rows) == 3 and {r["num_prefix_tokens"] for r in rows} == {"2"}  # CLS + distillation
     assert {r["n_inputs"] for r in rows} == {"6"}
+    pretrained = analyze(f"hf:{folder}", pretrained=True, data="digits", n_inputs=6)
+    direct = analyze(f"hf:{folder}", checkpoint=str(folder / "model.safetensors"), data="digits", n_inputs=6)
+    assert [r["weights"] for r in pretrained.rows] == ["pretrained"] * 3
+    assert [r["rel_residual_mean"] for r in pretrained.rows] == [r["rel_residual_mean"] for r in direct.rows]
+    assert [f"{r['rel_residual_mean']:.6g}" for r in pretrained.rows] == [r["rel_residual_mean"] for r in rows]
 
 
 def test_a_lightning_checkpoint_gives_the_runs_own_final_probe(tmp_path):
@@ -235,6 +240,13 @@ def test_a_mismatched_checkpoint_names_a_few_keys(tmp_path, capsys):
     err = one_line_error(capsys, ["analyze", "timm:vit_tiny_patch16_224", "--checkpoint", str(path),
                                   "--out", str(tmp_path)])
     assert "does not fit timm:vit_tiny_patch16_224" in err and "shape mismatches" in err and "more)" in err
+
+    folder, deeper = tmp_path / "bert", tmp_path / "deeper"
+    tiny_bert().save_pretrained(folder)
+    transformers.BertModel(transformers.BertConfig(**{**TINY_TEXT, "num_hidden_layers": 3})).save_pretrained(deeper)
+    err = one_line_error(capsys, ["analyze", f"hf:{folder}", "--checkpoint", str(deeper / "model.safetensors"),
+                                  "--random-tokens", "2,5", "--out", str(tmp_path)])
+    assert "unexpected keys encoder.layer.2." in err and "(+12 more)" in err
 
 
 def test_unsupported_surgery_is_one_line(tmp_path, capsys):

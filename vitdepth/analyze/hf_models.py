@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitdepth.analyze.weights import load_exactly, offline_error, read_state_dict
+from vitdepth.analyze.weights import offline_error, read_state_dict, some_keys
 from vitdepth.errors import UsageError
 from vitdepth.probe import LayerMeter
 
@@ -26,6 +26,7 @@ def require_transformers():
     except ImportError:
         raise UsageError("hf: models need Hugging Face transformers: pip install 'vitdepth[hf]'") from None
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     return transformers
 
 
@@ -50,6 +51,7 @@ def load_hf(name: str, pretrained: bool, checkpoint: str | None, seed: int | Non
     config = _config(transformers, name)
     vision = config.model_type == "clip"  # CLIP's vision tower; its text tower is not an encoder of images
     model_class = transformers.CLIPVisionModel if vision else transformers.AutoModel
+    cfg = config.vision_config if vision else config
     if pretrained:
         try:
             model = model_class.from_pretrained(name, local_files_only=True)
@@ -57,12 +59,12 @@ def load_hf(name: str, pretrained: bool, checkpoint: str | None, seed: int | Non
             if Path(name).is_dir():
                 raise UsageError(f"hf:{name}: {str(error).splitlines()[0]}") from error
             raise _not_cached(name, "weights") from error
+    elif checkpoint:
+        model = _from_checkpoint(name, cfg, checkpoint)
     else:
         if seed is not None:
             torch.manual_seed(seed)
-        model = model_class.from_config(config.vision_config if vision else config)
-        if checkpoint:
-            load_exactly(model, read_state_dict(checkpoint), f"checkpoint {checkpoint}", f"hf:{name}")
+        model = transformers.AutoModel.from_config(cfg)
     model.eval()
     cfg = model.config
     text = model.main_input_name == "input_ids"
@@ -70,6 +72,25 @@ def load_hf(name: str, pretrained: bool, checkpoint: str | None, seed: int | Non
     return HFModel(model, _weight_files(name) if pretrained else [], None if text else cfg.image_size,
                    None if text else cfg.patch_size, getattr(cfg, "num_channels", 0), mean, std, source,
                    cfg.vocab_size if text else None)
+
+
+def _from_checkpoint(name: str, config, checkpoint: str) -> nn.Module:
+    """from_pretrained on a state dict: transformers maps saved key names onto its modules' (v5 renames
+    some, e.g. DeiT's ``attention.attention.query`` to ``q_proj``); any key left over is an error."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    model_class = MODEL_MAPPING[type(config)]  # from_pretrained(None, ...) needs the concrete class
+    state = read_state_dict(checkpoint)
+    source, target = f"checkpoint {checkpoint}", f"hf:{name}"
+    model, info = model_class.from_pretrained(None, config=config, state_dict=state, output_loading_info=True,
+                                              ignore_mismatched_sizes=True)  # reported below, in one line
+    shapes = [" ".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", ())]
+    problems = [f"{what} {some_keys(sorted(keys))}" for what, keys in (
+        ("missing keys", info.get("missing_keys", ())), ("unexpected keys", info.get("unexpected_keys", ())),
+        ("shape mismatches", shapes)) if keys]
+    if problems:
+        raise UsageError(f"{source} does not fit {target}: {'; '.join(problems)}")
+    return model
 
 
 def _config(transformers, name: str):

@@ -4,6 +4,8 @@ variant, band = ± std over inputs; a second row for the patch-token cosine; a c
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -44,5 +46,7 @@ def analysis_png(rows: list[dict], provenance: dict) -> bytes:
             if row == len(PANELS) - 1:
                 ax.set_xlabel("layer (0 = embedding output)")
     axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"{provenance['model']}\n{provenance['inputs']}", fontsize="small")
+    width = 40 * len(weights) + 8  # characters that fit above the panels
+    fig.suptitle("\n".join(textwrap.wrap(f"{provenance['model']}: {provenance['inputs']}", width)),
+                 fontsize="small")
     return png_bytes(fig)

@@ -50,14 +50,14 @@ def load_exactly(model: nn.Module, state: dict[str, torch.Tensor], source: str, 
     unexpected = [k for k in state if k not in own]
     shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
               if k in state and state[k].shape != v.shape]
-    problems = [f"{what} {_some(keys)}" for what, keys in
+    problems = [f"{what} {some_keys(keys)}" for what, keys in
                 (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)) if keys]
     if problems:
         raise UsageError(f"{source} does not fit {target}: {'; '.join(problems)}")
     model.load_state_dict(state)
 
 
-def _some(keys: list[str]) -> str:
+def some_keys(keys: list[str]) -> str:
     more = f" (+{len(keys) - SHOWN_KEYS} more)" if len(keys) > SHOWN_KEYS else ""
     return ", ".join(keys[:SHOWN_KEYS]) + more
 
