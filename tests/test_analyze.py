@@ -306,3 +306,26 @@ def test_pretrained_offline_fails_in_seconds_with_one_line(tmp_path, model):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "HF_HUB_OFFLINE" in lines[0] and str(tmp_path / "hf" / "hub") in lines[0], lines
     assert time.monotonic() - start < 60  # seconds of imports on a loaded 2-core machine, never a network wait
+
+
+def test_images_folder_and_text_file_inputs(tmp_path):
+    from PIL import Image
+
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for index in range(3):
+        Image.fromarray((torch.rand(20, 30, 3) * 255).byte().numpy()).save(pictures / f"{index}.png")
+    result = analyze("timm:vitdepth_tiny_p4_32", images=str(pictures), n_inputs=8)
+    assert {r["n_inputs"] for r in result.rows} == {3} and "3 images from" in result.provenance["inputs"]
+
+    folder = tmp_path / "bert"
+    tiny_bert().save_pretrained(folder)
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog"]
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    transformers.BertTokenizer(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(folder)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("the cat sat on a mat\n\nthe dog sat\na cat on a mat sat\n")
+    result = analyze(f"hf:{folder}", text=str(lines))
+    # three lines, cut to the shortest: [CLS] the dog sat [SEP] = 5 tokens; CLS counted as a prefix token
+    assert {r["n_inputs"] for r in result.rows} == {3} and {r["num_prefix_tokens"] for r in result.rows} == {1}
+    assert "cut to 5 tokens" in result.provenance["inputs"]
