@@ -1,5 +1,5 @@
-"""``vitdepth analyze``: layer-wise rank collapse of a timm model, a Hugging Face encoder or a vitdepth run,
-with Dong et al.'s surgery (full, skip, mlp, pure) applied to its loaded weights.
+"""``vitdepth analyze``: layer-wise rank collapse of a timm model, a Hugging Face encoder or a
+vitdepth run, with Dong et al.'s surgery (full, skip, mlp, pure) applied to its loaded weights.
 
     from vitdepth.analyze import analyze
     result = analyze("hf:bert-base-uncased", pretrained=True, random_tokens="32,128",

@@ -1,9 +1,9 @@
 """Dong et al.'s surgery on Hugging Face BERT, RoBERTa and ALBERT encoders, as their code does it.
 
-Source: Dong, Cordonnier & Loukas 2021 (arXiv:2103.03404), github.com/twistedcubic/attention-rank-collapse,
-``paper-plotting/surgery.py`` and the ``inference`` function of
-``paper-plotting/walking_casual_transformers.ipynb`` (commit 38b5df6). Their BERT surgery differs from
-our pre-LN ViT variants:
+Source: Dong, Cordonnier & Loukas 2021 (arXiv:2103.03404),
+github.com/twistedcubic/attention-rank-collapse, ``paper-plotting/surgery.py`` and the
+``inference`` function of ``paper-plotting/walking_casual_transformers.ipynb`` (commit 38b5df6).
+Their BERT surgery differs from our pre-LN ViT variants:
 
 - no attention skip (our ``mlp`` and ``pure``): ``NoSkipBertSelfOutput`` computes
   dense -> dropout -> LayerNorm, without ``+ input``; the post-attention LayerNorm stays;
@@ -13,9 +13,9 @@ our pre-LN ViT variants:
 - hence their "SAN + MLP" keeps the feed-forward block's own skip: LayerNorm(FFN(a) + a).
 
 ALBERT, also as their notebook does it: no skip swaps the attention for
-``AlbertAttentionWithoutSkipConnection`` (LayerNorm(dropout(dense(context))), no ``+ input``); no MLP
-sets ``ffn`` and ``ffn_output`` to identities, which leaves the activation, the feed-forward skip and
-``full_layer_layer_norm``: the layer output is LayerNorm(gelu(a) + a), not a.
+``AlbertAttentionWithoutSkipConnection`` (LayerNorm(dropout(dense(context))), no ``+ input``);
+no MLP sets ``ffn`` and ``ffn_output`` to identities, which leaves the activation, the feed-forward
+skip and ``full_layer_layer_norm``: the layer output is LayerNorm(gelu(a) + a), not a.
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ class SelfOutputWithoutSkip(nn.Module):
 
     def __init__(self, original: nn.Module) -> None:
         super().__init__()
-        self.dense, self.LayerNorm, self.dropout = original.dense, original.LayerNorm, original.dropout
+        self.dense, self.LayerNorm, self.dropout = (
+            original.dense,
+            original.LayerNorm,
+            original.dropout,
+        )
 
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)))
@@ -54,7 +58,9 @@ class IntermediateRemoved(nn.Module):
 class OutputRemoved(nn.Module):
     """Dong's ``BertOutputId``: the layer returns the attention block's output unchanged."""
 
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, input_tensor: torch.Tensor, *args, **kwargs
+    ) -> torch.Tensor:
         return hidden_states
 
 
@@ -66,7 +72,7 @@ def _albert_attention_without_skip():
     )
 
     class AlbertAttentionWithoutSkip(AlbertAttention):
-        """Dong's ``AlbertAttentionWithoutSkipConnection``: transformers' AlbertAttention.forward with
+        """Dong's ``AlbertAttentionWithoutSkipConnection``: transformers' AlbertAttention.forward,
         ``LayerNorm(hidden_states + out)`` replaced by ``LayerNorm(out)``."""
 
         def forward(self, hidden_states, attention_mask=None, **kwargs):
@@ -75,11 +81,19 @@ def _albert_attention_without_skip():
             query = self.query(hidden_states).view(*hidden_shape).transpose(1, 2)
             key = self.key(hidden_states).view(*hidden_shape).transpose(1, 2)
             value = self.value(hidden_states).view(*hidden_shape).transpose(1, 2)
-            attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                              eager_attention_forward)
-            out, weights = attention(self, query, key, value, attention_mask,
-                                     dropout=0.0 if not self.training else self.attention_dropout.p,
-                                     scaling=self.scaling, **kwargs)
+            attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
+            )
+            out, weights = attention(
+                self,
+                query,
+                key,
+                value,
+                attention_mask,
+                dropout=0.0 if not self.training else self.attention_dropout.p,
+                scaling=self.scaling,
+                **kwargs,
+            )
             out = self.output_dropout(self.dense(out.reshape(*input_shape, -1).contiguous()))
             return self.LayerNorm(out), weights
 
@@ -92,8 +106,11 @@ def dong_surgery(model: nn.Module, variant: str, label: str) -> nn.Module:
         return model
     family = model.config.model_type
     if family not in DONG_FAMILIES:
-        raise UsageError(f"{label} is a {family!r} model: surgery ({variant}) is implemented for HF "
-                         f"{', '.join(DONG_FAMILIES)} (Dong et al.'s code) and for timm ViTs; use --variants full")
+        raise UsageError(
+            f"{label} is a {family!r} model: surgery ({variant}) is implemented for HF "
+            f"{', '.join(DONG_FAMILIES)} (Dong et al.'s code) and for timm ViTs; "
+            "use --variants full"
+        )
     model = copy.deepcopy(model)
     remove_skip, remove_mlp = variant in ("mlp", "pure"), variant in ("skip", "pure")
     if family == "albert":

@@ -13,9 +13,16 @@ from matplotlib.ticker import MaxNLocator
 from vitdepth.report.plots import png_bytes
 
 # Dong et al.'s names and line styles (walking_casual_transformers.ipynb)
-STYLES = {"pure": ("SAN", ":"), "mlp": ("SAN + MLP", "--"), "skip": ("SAN + skip", "-."),
-          "full": ("transformer", "-")}
-PANELS = (("rel_residual", "relative residual ‖res(X)‖₁,∞ / ‖X‖₁,∞"), ("token_cosine", "patch-token cosine"))
+STYLES = {
+    "pure": ("SAN", ":"),
+    "mlp": ("SAN + MLP", "--"),
+    "skip": ("SAN + skip", "-."),
+    "full": ("transformer", "-"),
+}
+PANELS = (
+    ("rel_residual", "relative residual ‖res(X)‖₁,∞ / ‖X‖₁,∞"),
+    ("token_cosine", "patch-token cosine"),
+)
 
 
 def analysis_png(rows: list[dict], provenance: dict) -> bytes:
@@ -27,8 +34,10 @@ def analysis_png(rows: list[dict], provenance: dict) -> bytes:
         for row, (metric, label) in enumerate(PANELS):
             ax = axes[row][column]
             for index, variant in enumerate(variants):
-                mine = sorted((r for r in rows if r["weights"] == weight and r["variant"] == variant),
-                              key=lambda r: r["layer"])
+                mine = sorted(
+                    (r for r in rows if r["weights"] == weight and r["variant"] == variant),
+                    key=lambda r: r["layer"],
+                )
                 layers = np.array([r["layer"] for r in mine])
                 mean = np.array([r[f"{metric}_mean"] for r in mine])
                 std = np.array([r[f"{metric}_std"] for r in mine])
@@ -47,6 +56,8 @@ def analysis_png(rows: list[dict], provenance: dict) -> bytes:
                 ax.set_xlabel("layer (0 = embedding output)")
     axes[0][0].legend(fontsize="small")
     width = 40 * len(weights) + 8  # characters that fit above the panels
-    fig.suptitle("\n".join(textwrap.wrap(f"{provenance['model']}: {provenance['inputs']}", width)),
-                 fontsize="small")
+    fig.suptitle(
+        "\n".join(textwrap.wrap(f"{provenance['model']}: {provenance['inputs']}", width)),
+        fontsize="small",
+    )
     return png_bytes(fig)

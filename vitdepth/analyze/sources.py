@@ -61,7 +61,7 @@ class TimmSource:
 
 
 class RunSource(TimmSource):
-    """A vitdepth run directory (its newest complete checkpoint) or one of its Lightning ``.ckpt`` files."""
+    """A vitdepth run directory (its newest complete checkpoint) or one of its ``.ckpt`` files."""
 
     def __init__(self, path: str) -> None:
         from vitdepth.lit.run import newest_checkpoint
@@ -69,19 +69,28 @@ class RunSource(TimmSource):
         path = Path(path)
         ckpt = newest_checkpoint(path) if path.is_dir() else path
         if ckpt is None or not ckpt.is_file():
-            raise UsageError(f"{path} holds no complete checkpoint (checkpoints/last.ckpt); is it a vitdepth run?")
+            raise UsageError(
+                f"{path} holds no complete checkpoint (checkpoints/last.ckpt); "
+                "is it a vitdepth run?"
+            )
         try:
             saved = torch.load(ckpt, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: BLE001 - a torn or foreign file is the user's to fix
-            raise UsageError(f"cannot read Lightning checkpoint {ckpt}: {str(error).splitlines()[0]}") from error
+            raise UsageError(
+                f"cannot read Lightning checkpoint {ckpt}: {str(error).splitlines()[0]}"
+            ) from error
         if "hyper_parameters" not in saved or "datamodule_hyper_parameters" not in saved:
-            raise UsageError(f"{ckpt} is not a checkpoint of `vitdepth fit` (no saved hyperparameters); "
-                             "give a timm model with --checkpoint instead")
+            raise UsageError(
+                f"{ckpt} is not a checkpoint of `vitdepth fit` (no saved hyperparameters); "
+                "give a timm model with --checkpoint instead"
+            )
         super().__init__(str(ckpt), pretrained=False, checkpoint=None)
         self.label, self.weights, self.weight_files = f"run:{ckpt}", "trained", [ckpt]
         # without LightningCLI's bookkeeping keys (``_instantiator``)
-        self.hparams, self.data_hparams = ({k: v for k, v in saved[key].items() if not k.startswith("_")}
-                                           for key in ("hyper_parameters", "datamodule_hyper_parameters"))
+        self.hparams, self.data_hparams = (
+            {k: v for k, v in saved[key].items() if not k.startswith("_")}
+            for key in ("hyper_parameters", "datamodule_hyper_parameters")
+        )
 
     def build(self, seed: int | None) -> nn.Module:
         from vitdepth.lit.classifier import ViTClassifier, load_model
@@ -112,8 +121,12 @@ class HFSource:
         self.text_has_cls = False
 
     def build(self, seed: int | None) -> nn.Module:
-        self.loaded = hf_models.load_hf(self.name, self.pretrained and seed is None,
-                                        self.checkpoint if seed is None else None, seed)
+        self.loaded = hf_models.load_hf(
+            self.name,
+            self.pretrained and seed is None,
+            self.checkpoint if seed is None else None,
+            seed,
+        )
         if seed is None and self.pretrained:
             self.weight_files = self.loaded.weight_files
         return self.loaded.model
@@ -137,8 +150,10 @@ class HFSource:
         try:
             return transformers.AutoTokenizer.from_pretrained(self.name, local_files_only=True)
         except (OSError, ValueError) as error:
-            raise UsageError(f"hf:{self.name} has no tokenizer files here ({str(error).splitlines()[0]}); "
-                             "use --random-tokens N,LEN") from error
+            raise UsageError(
+                f"hf:{self.name} has no tokenizer files here ({str(error).splitlines()[0]}); "
+                "use --random-tokens N,LEN"
+            ) from error
 
     def default_data(self) -> tuple[str, dict]:
         return "digits", {}
@@ -153,10 +168,13 @@ class HFSource:
 
 
 def open_source(model: str, pretrained: bool, checkpoint: str | None):
-    """``timm:NAME``, ``hf:NAME_OR_DIR``, or a path to a vitdepth run directory or Lightning ``.ckpt``."""
+    """``timm:NAME``, ``hf:NAME_OR_DIR``, or a path to a vitdepth run directory or ``.ckpt``."""
     scheme, _, name = model.partition(":")
     if scheme in ("timm", "hf") and not name:
-        raise UsageError(f"model {model!r} names no model; e.g. timm:vit_base_patch16_224 or hf:bert-base-uncased")
+        raise UsageError(
+            f"model {model!r} names no model; e.g. timm:vit_base_patch16_224 or "
+            "hf:bert-base-uncased"
+        )
     if pretrained and checkpoint:
         raise UsageError("give either --pretrained or --checkpoint, not both")
     if scheme == "timm":
@@ -165,10 +183,15 @@ def open_source(model: str, pretrained: bool, checkpoint: str | None):
         return HFSource(name, pretrained, checkpoint)
     if Path(model).exists():
         if pretrained or checkpoint:
-            raise UsageError(f"{model} is a vitdepth run: its checkpoint is the weights; drop --pretrained/--checkpoint")
+            raise UsageError(
+                f"{model} is a vitdepth run: its checkpoint is the weights; "
+                "drop --pretrained/--checkpoint"
+            )
         return RunSource(model)
-    raise UsageError(f"model {model!r}: expected timm:NAME, hf:NAME_OR_DIR, or a vitdepth run dir / .ckpt file "
-                     "that exists")
+    raise UsageError(
+        f"model {model!r}: expected timm:NAME, hf:NAME_OR_DIR, or a vitdepth run dir / .ckpt file "
+        "that exists"
+    )
 
 
 def hashes(files: list[Path]) -> dict[str, str]:

@@ -33,7 +33,9 @@ def create_timm(name: str, pretrained: bool) -> tuple[nn.Module, Path | None]:
 
     arch = name.split(".", 1)[0]
     if not timm.is_model(arch):
-        raise UsageError(f"unknown timm model {name!r}; list the ViT family with timm.list_models('vit_*')")
+        raise UsageError(
+            f"unknown timm model {name!r}; list the ViT family with timm.list_models('vit_*')"
+        )
     weights = cached_timm_weights(name) if pretrained else None
     overlay = {"file": str(weights)} if weights else None
     model = timm.create_model(name, pretrained=pretrained, pretrained_cfg_overlay=overlay)
@@ -57,14 +59,19 @@ def cached_timm_weights(name: str) -> Path:
         raise UsageError(f"timm:{name} has no pretrained weights; drop --pretrained")
     source, location = _resolve_pretrained_source(cfg.to_dict())
     if source == "hf-hub":
-        repo, filenames = (location if isinstance(location, tuple) else (location, None))
+        repo, filenames = location if isinstance(location, tuple) else (location, None)
         repo, _, revision = repo.partition("@")
         for filename in [filenames] if filenames else ["model.safetensors", "pytorch_model.bin"]:
-            found = huggingface_hub.try_to_load_from_cache(repo, filename, revision=revision or None)
+            found = huggingface_hub.try_to_load_from_cache(
+                repo, filename, revision=revision or None
+            )
             if isinstance(found, str):
                 return Path(found)
-        raise offline_error(f"timm:{name}", huggingface_hub.constants.HF_HUB_CACHE,
-                            f"run `hf download {repo}` once on a machine with network")
+        raise offline_error(
+            f"timm:{name}",
+            huggingface_hub.constants.HF_HUB_CACHE,
+            f"run `hf download {repo}` once on a machine with network",
+        )
     if source == "url":
         path = Path(torch.hub.get_dir()) / "checkpoints" / Path(location).name
         if path.is_file():
@@ -74,16 +81,20 @@ def cached_timm_weights(name: str) -> Path:
 
 
 def check_probeable(model: nn.Module, label: str) -> None:
-    """The probe needs a ViT layout: ``norm_pre``, ``blocks`` whose ``attn`` projects q, k, v with ``qkv``."""
+    """The probe needs a ViT layout: ``norm_pre``, and ``blocks`` whose ``attn`` has ``qkv``."""
     blocks = getattr(model, "blocks", None)
     if not hasattr(model, "norm_pre") or not isinstance(blocks, nn.Sequential) or not len(blocks):
-        raise UsageError(f"{label} is not a ViT-family model (no norm_pre and blocks); analyze supports "
-                         "timm models built from Block, such as vit_*, deit_*, deit3_* and vitdepth_*")
+        raise UsageError(
+            f"{label} is not a ViT-family model (no norm_pre and blocks); analyze supports "
+            "timm models built from Block, such as vit_*, deit_*, deit3_* and vitdepth_*"
+        )
     for block in blocks:
         attn = getattr(block, "attn", None)
         if not (hasattr(attn, "attention_map") or hasattr(attn, "qkv") and hasattr(attn, "q_norm")):
-            raise UsageError(f"{label}: block attention {type(attn).__name__} has no qkv projection the probe "
-                             "can read; analyze supports timm models built from Block (vit_*, deit_*, ...)")
+            raise UsageError(
+                f"{label}: block attention {type(attn).__name__} has no qkv projection the probe "
+                "can read; analyze supports timm models built from Block (vit_*, deit_*, ...)"
+            )
 
 
 def load_checkpoint(model: nn.Module, path: str | Path, label: str) -> None:
@@ -91,20 +102,26 @@ def load_checkpoint(model: nn.Module, path: str | Path, label: str) -> None:
 
 
 def surgery(model: nn.Module, variant: str, label: str) -> nn.Module:
-    """A copy of ``model`` with every block turned into Dong et al.'s ``variant`` (see the module doc).
+    """A copy of ``model`` with every block turned into Dong et al.'s ``variant`` (module doc).
 
     ``full`` maps plain blocks too, so the full variant runs through the same VariantBlock code.
     """
     if variant not in SURGERY_VARIANTS:
-        raise UsageError(f"unknown variant {variant!r} for analyze; choose from {', '.join(SURGERY_VARIANTS)}")
-    plain = all(type(b) is Block or (type(b) is VariantBlock and getattr(model, "variant", "") == "full")
-                for b in model.blocks)
+        raise UsageError(
+            f"unknown variant {variant!r} for analyze; choose from {', '.join(SURGERY_VARIANTS)}"
+        )
+    plain = all(
+        type(b) is Block or (type(b) is VariantBlock and getattr(model, "variant", "") == "full")
+        for b in model.blocks
+    )
     if not plain:
         if variant == "full":
             return model  # measured as it is
         kinds = sorted({type(b).__name__ for b in model.blocks})
-        raise UsageError(f"{label}: surgery ({variant}) needs timm's plain Block, found {', '.join(kinds)} "
-                         f"(variant {getattr(model, 'variant', '?')}); use --variants full")
+        raise UsageError(
+            f"{label}: surgery ({variant}) needs timm's plain Block, found {', '.join(kinds)} "
+            f"(variant {getattr(model, 'variant', '?')}); use --variants full"
+        )
     model = copy.deepcopy(model)
     spec = VARIANTS[variant]
     for block in model.blocks:

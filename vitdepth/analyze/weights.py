@@ -15,10 +15,12 @@ SHOWN_KEYS = 4  # keys named in a mismatch message; the rest are counted
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of a ``.safetensors`` file, a ``.pth``/``.pt``/``.bin`` state dict or a Lightning ``.ckpt``.
+    """Tensors of a ``.safetensors`` file, a ``.pth``/``.pt``/``.bin`` state dict or a Lightning
+    ``.ckpt``.
 
-    A Lightning checkpoint of ours holds the network under ``model.``; that prefix is removed and the
-    module's other state (metrics) is dropped. Files load with ``weights_only`` (no pickled code runs).
+    A Lightning checkpoint of ours holds the network under ``model.``; that prefix is removed and
+    the module's other state (metrics) is dropped. Files load with ``weights_only`` (no pickled
+    code runs).
     """
     path = Path(path)
     if not path.is_file():
@@ -43,15 +45,28 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_exactly(model: nn.Module, state: dict[str, torch.Tensor], source: str, target: str) -> None:
-    """Load every tensor of ``state`` into ``model``; any missing, unexpected or mis-shaped key is an error."""
+def load_exactly(
+    model: nn.Module, state: dict[str, torch.Tensor], source: str, target: str
+) -> None:
+    """Load every tensor of ``state`` into ``model``; a missing, unexpected or mis-shaped key is
+    an error."""
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-              if k in state and state[k].shape != v.shape]
-    problems = [f"{what} {some_keys(keys)}" for what, keys in
-                (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)) if keys]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    problems = [
+        f"{what} {some_keys(keys)}"
+        for what, keys in (
+            ("missing keys", missing),
+            ("unexpected keys", unexpected),
+            ("shape mismatches", shapes),
+        )
+        if keys
+    ]
     if problems:
         raise UsageError(f"{source} does not fit {target}: {'; '.join(problems)}")
     model.load_state_dict(state)
@@ -71,6 +86,8 @@ def sha256_of(path: str | Path) -> str:
 
 
 def offline_error(what: str, cache: str | Path, fix: str) -> UsageError:
-    """The one line for pretrained weights that are not on this machine (analyze never downloads)."""
-    return UsageError(f"no cached pretrained weights for {what} in {cache}; analyze reads weights from the "
-                      f"local cache only, as with HF_HUB_OFFLINE=1: {fix}")
+    """The one line for pretrained weights not on this machine (analyze never downloads)."""
+    return UsageError(
+        f"no cached pretrained weights for {what} in {cache}; analyze reads weights from the "
+        f"local cache only, as with HF_HUB_OFFLINE=1: {fix}"
+    )
