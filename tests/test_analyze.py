@@ -473,3 +473,14 @@ def test_images_folder_and_text_file_inputs(tmp_path):
         r["num_prefix_tokens"] for r in result.rows
     } == {1}
     assert "cut to 5 tokens" in result.provenance["inputs"]
+
+
+def test_float64_forward_follows_the_collapse_below_the_float32_floor():
+    def residuals(dtype):
+        result = analyze("timm:vitdepth_tiny_p4_32", variants=("pure",), dtype=dtype, n_inputs=4)
+        return [r["rel_residual_mean"] for r in result.rows]
+
+    single, double = residuals("float32"), residuals("float64")
+    assert single[2] == pytest.approx(double[2], rel=1e-3)  # the same curve above the floor
+    assert min(single[4:]) > 1e-8  # float32 rounding noise
+    assert max(double[4:]) < 1e-12
