@@ -13,6 +13,7 @@ LIGHTNING_VERBS = ("fit", "validate", "test")
 
 def study_parser() -> argparse.ArgumentParser:
     from vitdepth import demo
+    from vitdepth.analyze import cli as analyze_cli
     from vitdepth.bench import cli as bench_cli
     from vitdepth.collapse import cli as collapse_cli
     from vitdepth.report import cli as report_cli
@@ -22,7 +23,7 @@ def study_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitdepth", description="Depth saturation and rank collapse in ViTs.",
                                      epilog=f"Training verbs: {', '.join(LIGHTNING_VERBS)} (see `vitdepth fit -h`).")
     subparsers = parser.add_subparsers(dest="verb", required=True)
-    for module in (collapse_cli, report_cli, sweep_cli, demo, theory_cli, bench_cli):
+    for module in (collapse_cli, report_cli, sweep_cli, demo, theory_cli, bench_cli, analyze_cli):
         module.add_parser(subparsers).set_defaults(run=module.run)
     return parser
 

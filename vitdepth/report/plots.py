@@ -31,10 +31,10 @@ def render(runs: list[Run]) -> dict[str, bytes]:
         "residual_heatmap.png": residual_heatmap,
         "acc_vs_uniformity.png": acc_vs_uniformity,
     }
-    return {name: _png(draw(runs, colors)) for name, draw in figures.items()}
+    return {name: png_bytes(draw(runs, colors)) for name, draw in figures.items()}
 
 
-def _png(fig: Figure) -> bytes:
+def png_bytes(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
     return buf.getvalue()
