@@ -31,7 +31,11 @@ EXPECTED_RENAMES = {"epoch": "trainer/epoch", "step": "trainer/global_step", "lr
 
 def expected_key(column: str) -> str:
     per_layer = re.fullmatch(r"rank/(\w+)/(L\d\d)", column)
-    return f"rank_layers/{per_layer[1]}/{per_layer[2]}" if per_layer else EXPECTED_RENAMES.get(column, column)
+    return (
+        f"rank_layers/{per_layer[1]}/{per_layer[2]}"
+        if per_layer
+        else EXPECTED_RENAMES.get(column, column)
+    )
 
 
 def cell(text: str):
@@ -65,15 +69,20 @@ def view_folder(run: Path) -> Path:
 
 
 def metrics_rows(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k != "_step"} for row in history if "rank_layers/table" not in row]
+    return [
+        {k: v for k, v in row.items() if k != "_step"}
+        for row in history
+        if "rank_layers/table" not in row
+    ]
 
 
-# 1. one W&B run per run directory --------------------------------------------------------------------
+# 1. one W&B run per run directory ----------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
-    """Three real starts: SIGKILLed in epoch 1's validation, resumed and SIGKILLed in epoch 2's, resumed
-    to the end (the last start logging to W&B offline, as on a compute node); then ``wandb-sync
+    """Three real starts: SIGKILLed in epoch 1's validation, resumed and SIGKILLed in epoch 2's,
+    resumed to the end (the last start logging to W&B offline, as on a compute node); then ``wandb-sync
     --dry-run``. Returns the run directory."""
     root = tmp_path_factory.mktemp("resumed")
     with pytest.MonkeyPatch.context() as env:
@@ -83,7 +92,9 @@ def resumed_run(tmp_path_factory):
         args = fit_args(root / "runs")
         run = resolve_run(args).dir
         killed_at("validation", 12, args)  # start 1: 2 sanity + 6 in epoch 0, dies in epoch 1
-        second = killed_at("validation", 12, args)  # start 2 resumes after epoch 0, dies in epoch 2
+        second = killed_at(
+            "validation", 12, args
+        )  # start 2 resumes after epoch 0, dies in epoch 2
         assert "resuming" in second.stderr
         third = vitdepth(*fit_args(root / "runs", wandb="offline"))
         assert third.returncode == 0 and "resuming" in third.stderr, third.stderr[-2000:]
@@ -92,8 +103,8 @@ def resumed_run(tmp_path_factory):
 
 
 def test_a_run_resumed_twice_becomes_one_wandb_run_with_every_row_once(resumed_run):
-    """The offline run that ``wandb-sync --dry-run`` builds holds metrics.csv and layers.csv row for
-    row, in step order, with the run's config, summary and outcome."""
+    """The offline run that ``wandb-sync --dry-run`` builds holds metrics.csv and layers.csv row
+    for row, in step order, with the run's config, summary and outcome."""
     run = resumed_run
     assert read_status(run)["status"] == "finished"
     folder = view_folder(run)
@@ -110,36 +121,69 @@ def test_a_run_resumed_twice_becomes_one_wandb_run_with_every_row_once(resumed_r
     layers = csv_rows(run / "layers.csv")
     probes = [r for r in got.history if "rank_layers/table" in r]
     assert [(p["trainer/epoch"], p["trainer/global_step"]) for p in probes] == sorted(
-        {(int(r["epoch"]), int(r["step"])) for r in layers}, key=lambda p: p[1])
+        {(int(r["epoch"]), int(r["step"])) for r in layers}, key=lambda p: p[1]
+    )
     assert [p["trainer/epoch"] for p in probes] == [-1, 0, 1, 2]
     read_back = [row for p in probes for row in table(folder, p["rank_layers/table"])["data"]]
     columns = table(folder, probes[0]["rank_layers/table"])["columns"]
     assert columns == list(layers[0])
     assert len(read_back) == len(layers) and all(
-        all(same(got_v, cell(r[c])) for got_v, c in zip(row, columns)) for row, r in zip(read_back, layers))
+        all(same(got_v, cell(r[c])) for got_v, c in zip(row, columns))
+        for row, r in zip(read_back, layers)
+    )
     steps = [r["trainer/global_step"] for r in got.history]
     assert steps == sorted(steps)
 
     facts = read_json(run / "run.json")
     assert {k: got.config[k] for k in ("depth", "variant", "dataset", "seed")} == {
-        "depth": 2, "variant": "full", "dataset": "digits", "seed": 0}
+        "depth": 2,
+        "variant": "full",
+        "dataset": "digits",
+        "seed": 0,
+    }
     assert got.config["run_id"] == facts["run_id"] and got.config["lr"] > 0
-    assert (got.run.run_id, got.run.run_group, got.run.display_name, list(got.run.tags), got.run.project) == (
-        run.name, facts["group"], "full-d2-s0", ["full", "digits", "d2"], "vd-test")
+    assert (
+        got.run.run_id,
+        got.run.run_group,
+        got.run.display_name,
+        list(got.run.tags),
+        got.run.project,
+    ) == (run.name, facts["group"], "full-d2-s0", ["full", "digits", "d2"], "vd-test")
     status = read_status(run)
     assert {k: got.summary[f"run/{k}"] for k in status} == status
     assert got.summary["val/acc1"] == [r for r in history if "val/acc1" in r][-1]["val/acc1"]
     final = table(folder, got.summary["final/run"])
     assert final["columns"][:4] == ["run_id", "group", "variant", "depth"]
-    assert final["data"] == [[run.name, facts["group"], "full", 2, 0, "digits", "finished",
-                              got.summary["val/acc1"], got.summary["rank/rel_residual/last"]]]
+    assert final["data"] == [
+        [
+            run.name,
+            facts["group"],
+            "full",
+            2,
+            0,
+            "digits",
+            "finished",
+            got.summary["val/acc1"],
+            got.summary["rank/rel_residual/last"],
+        ]
+    ]
     assert got.exit_code == 0
+    assert ("*", "trainer/global_step") in {
+        (m.glob_name, m.step_metric) for m in got.metrics
+    }  # one x axis
 
     # the training run's own W&B run (the last start) logs under the same names as the rebuilt one
     (live,) = (run / "wandb").glob("offline-run-*")
     live_keys = {k for row in read_run(live).history for k in row}
-    assert {"rank_layers/rel_residual/L02", "rank/rel_residual/last", "train/lr", "trainer/epoch",
-            "trainer/global_step", "val/acc1", "rank_layers/table"} <= live_keys
+    assert {
+        "rank_layers/rel_residual/L02",
+        "rank/rel_residual/last",
+        "train/lr",
+        "trainer/epoch",
+        "trainer/global_step",
+        "val/acc1",
+        "rank_layers/table",
+    } <= live_keys
     assert not any(re.fullmatch(r"rank/\w+/L\d+", k) for k in live_keys) and "lr" not in live_keys
     rebuilt_keys = {k for row in got.history for k in row}
     assert live_keys <= rebuilt_keys
@@ -162,15 +206,19 @@ def test_extra_layers_csv_columns_reach_the_wandb_table(tmp_path):
     assert [row[2] for t in tables for row in t["data"]] == [0, 1, 0, 1]  # layer
 
 
-# 2. uploads ------------------------------------------------------------------------------------------
+# 2. uploads --------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def fake_wandb(tmp_path, monkeypatch):
-    """A `wandb` command on PATH that records its arguments, and a reachable "server" on loopback."""
+    """A `wandb` on PATH that records its arguments, and a reachable "server" on loopback."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "wandb.calls"
     bin_dir.mkdir()
     script = bin_dir / "wandb"
-    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ -z "$FAIL" ] || {{ echo "wandb: ERROR $FAIL" >&2; exit 1; }}\n')
+    script.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        '[ -z "$FAIL" ] || { echo "wandb: ERROR $FAIL" >&2; exit 1; }\n'
+    )
     script.chmod(0o755)
     listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=lambda: [listener.accept() for _ in range(100)], daemon=True).start()
@@ -204,7 +252,9 @@ def test_only_changed_run_directories_are_uploaded_again(tmp_path, fake_wandb, c
     assert len(uploaded(fake_wandb)) == 2
 
 
-def test_a_failed_upload_is_one_line_and_is_retried_next_time(tmp_path, fake_wandb, capsys, monkeypatch):
+def test_a_failed_upload_is_one_line_and_is_retried_next_time(
+    tmp_path, fake_wandb, capsys, monkeypatch
+):
     run = write_run(tmp_path / "runs", depth=1)
     monkeypatch.setenv("FAIL", "permission denied for project vd-test")
     assert main(["wandb-sync", str(tmp_path / "runs"), "--project", "vd-test"]) == 2
@@ -216,7 +266,9 @@ def test_a_failed_upload_is_one_line_and_is_retried_next_time(tmp_path, fake_wan
     assert uploaded(fake_wandb) == [run.name, run.name]
 
 
-def test_without_a_server_wandb_sync_fails_in_seconds_before_building(tmp_path, capsys, monkeypatch):
+def test_without_a_server_wandb_sync_fails_in_seconds_before_building(
+    tmp_path, capsys, monkeypatch
+):
     run = write_run(tmp_path / "runs", depth=1)
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.invalid")
     assert main(["wandb-sync", str(tmp_path / "runs")]) == 2
@@ -225,26 +277,52 @@ def test_without_a_server_wandb_sync_fails_in_seconds_before_building(tmp_path, 
     assert not (run / "wandb-view").exists()
 
 
-# 3. the dashboard ------------------------------------------------------------------------------------
+# 3. the dashboard --------------------------------------------------------------------------------
+
 
 def test_the_dashboard_is_built_offline_from_keys_a_real_run_logs(resumed_run, tmp_path, capsys):
     pytest.importorskip("wandb_workspaces")
     group = read_json(resumed_run / "run.json")["group"]
     out = tmp_path / "dash.json"
-    assert main(["wandb-dashboard", "--project", "vitdepth", "--group", group, "--out", str(out)]) == 0
+    other = "digits-skip-e16-000000"  # a sweep has one W&B group per variant
+    assert (
+        main(
+            [
+                "wandb-dashboard",
+                "--project",
+                "vitdepth",
+                "--group",
+                group,
+                other,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    assert f"runs of group {group}" in printed and "val/acc1 vs trainer/epoch, grouped by variant" in printed
+    assert f"runs of group {group}, {other}" in printed
+    assert "val/acc1 vs trainer/epoch, grouped by variant" in printed
     plan = json.loads(out.read_text())
-    assert plan["run_filter"] == {"group": group} and plan["x_axis"] == "trainer/global_step"
-    assert [s["name"] for s in plan["sections"]] == ["Depth saturation", "Training curves",
-                                                     "Rank collapse at the last layer", "Per layer, final probe"]
+    assert (
+        plan["run_filter"] == {"group": [group, other]} and plan["x_axis"] == "trainer/global_step"
+    )
+    assert [s["name"] for s in plan["sections"]] == [
+        "Depth saturation",
+        "Training curves",
+        "Rank collapse at the last layer",
+        "Per layer, final probe",
+    ]
 
-    # every key a panel reads is one the run logs: history keys from metrics.csv, summary and config
+    # every key a panel reads is one the run logs: history keys from metrics.csv, summary, config
     # keys and table columns from the W&B run that wandb-sync built
     built = read_run(view_folder(resumed_run))
     history_keys = {expected_key(c) for c in csv_rows(resumed_run / "metrics.csv")[0]}
-    tables = {key: table(view_folder(resumed_run), ref)["columns"] for key, ref in built.summary.items()
-              if isinstance(ref, dict) and ref.get("_type") == "table-file"}
+    tables = {
+        key: table(view_folder(resumed_run), ref)["columns"]
+        for key, ref in built.summary.items()
+        if isinstance(ref, dict) and ref.get("_type") == "table-file"
+    }
     panels = [p for s in plan["sections"] for p in s["panels"]]
     assert {p["kind"] for p in panels} == {"line", "scatter", "table_line"}
     for p in panels:
@@ -255,22 +333,35 @@ def test_the_dashboard_is_built_offline_from_keys_a_real_run_logs(resumed_run, t
                 where, key = axis.split(":")
                 assert key in (built.config if where == "config" else built.summary), p
         else:  # a custom chart over the runs' tables; W&B's query adds each run's "name"
-            assert {p["x"], p["y"]} <= set(tables[p["table"]]) and p["group"] in {*tables[p["table"]], "name"}, p
+            assert {p["x"], p["y"]} <= set(tables[p["table"]]) and p["group"] in {
+                *tables[p["table"]],
+                "name",
+            }, p
     assert "rank/rel_residual/last" in {p["y"] for p in panels}
     saturation = panels[0]
     assert (saturation["table"], saturation["x"], saturation["y"], saturation["group"]) == (
-        "final/run", "depth", "val_acc1", "variant")
+        "final/run",
+        "depth",
+        "val_acc1",
+        "variant",
+    )
 
     # the view spec that --save would upload holds the same panels, grouping and run filter
     spec = plan["view_spec"]["section"]
     sections = spec["panelBankConfig"]["sections"]
     assert [s["name"] for s in sections] == [s["name"] for s in plan["sections"]]
     assert [len(s["panels"]) for s in sections] == [len(s["panels"]) for s in plan["sections"]]
-    lines = [p["config"] for s in sections for p in s["panels"] if p["viewType"] == "Run History Line Plot"]
+    lines = [
+        p["config"]
+        for s in sections
+        for p in s["panels"]
+        if p["viewType"] == "Run History Line Plot"
+    ]
     assert {(c["xAxis"], c["groupBy"]) for c in lines} == {("trainer/epoch", "variant.value")}
     (runset,) = spec["runSets"]
     assert [(f["key"], f["op"], f["value"]) for f in runset["filters"]["filters"]] == [
-        ({"name": "group", "section": "run"}, "=", group)]
+        ({"name": "group", "section": "run"}, "IN", [group, other])
+    ]
 
 
 def test_the_dashboard_save_without_a_server_fails_in_seconds(tmp_path, capsys, monkeypatch):
@@ -281,5 +372,7 @@ def test_the_dashboard_save_without_a_server_fails_in_seconds(tmp_path, capsys, 
     assert main(["wandb-dashboard", "--project", "vitdepth", "--out", str(out), "--save"]) == 2
     assert time.monotonic() - started < 10
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("vitdepth: error: wandb.invalid is unreachable: --save")
+    assert len(err) == 1 and err[0].startswith(
+        "vitdepth: error: wandb.invalid is unreachable: --save"
+    )
     assert not out.exists()

@@ -1,4 +1,5 @@
-"""Read a ``.wandb`` file back: wandb 0.31 ships no reader (``wandb.sdk.internal.datastore`` is gone).
+"""Read a ``.wandb`` file back: wandb 0.31 ships no reader (``wandb.sdk.internal.datastore`` is
+gone).
 
 The file is a LevelDB-style log written by wandb-core: a 7-byte header (``:W&B``, magic 0xBEE1 as
 u16, version u8), then 32 KiB blocks of chunks, each ``<crc32 u32><length u16><type u8>`` and data
@@ -40,7 +41,7 @@ def records(path: Path):
         if kind == 0:  # zeros to the end of the block
             pos += room
             continue
-        body = data[pos + CHUNK_HEADER.size: pos + CHUNK_HEADER.size + length]
+        body = data[pos + CHUNK_HEADER.size : pos + CHUNK_HEADER.size + length]
         pos += CHUNK_HEADER.size + length
         assert zlib.crc32(bytes([kind]) + body) == crc, f"{path}: bad checksum at byte {pos}"
         parts.append(body)
@@ -65,10 +66,13 @@ def _update(target: dict, items) -> dict:
 @dataclass
 class WandbRun:
     run: wandb_internal_pb2.RunRecord | None = None
-    history: list[dict] = field(default_factory=list)  # one dict per history row, without _runtime etc.
+    history: list[dict] = field(
+        default_factory=list
+    )  # one dict per history row, without _runtime etc.
     summary: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     exit_code: int | None = None
+    metrics: list = field(default_factory=list)  # define_metric records (MetricRecord)
 
 
 def read_run(folder: Path) -> WandbRun:
@@ -83,9 +87,13 @@ def read_run(folder: Path) -> WandbRun:
             _update(out.config, record.config.update)
         elif kind == "history":
             row = _update({}, record.history.item)
-            out.history.append({k: v for k, v in row.items() if k not in ("_runtime", "_timestamp")})
+            out.history.append(
+                {k: v for k, v in row.items() if k not in ("_runtime", "_timestamp")}
+            )
         elif kind == "summary":
             _update(out.summary, record.summary.update)
+        elif kind == "metric":
+            out.metrics.append(record.metric)
         elif kind == "exit":
             out.exit_code = record.exit.exit_code
     return out

@@ -1,8 +1,8 @@
 """The names a run has in W&B: its display name and tags, and the key of each logged value.
 
 metrics.csv keeps its own column names (``vitdepth report`` reads them); W&B gets them renamed so
-that its sections make good charts: the per-layer scalars ``rank/<metric>/L{ii}`` (7 metrics x up to
-33 layers) go to their own section ``rank_layers/``, away from the summaries ``rank/<metric>/last``
+that its sections make good charts: the per-layer scalars ``rank/<metric>/L{ii}`` (7 metrics x
+up to 33 layers) go to their own section ``rank_layers/``, away from the summaries ``rank/<metric>/last``
 and ``/mean``; ``epoch``, ``step`` and ``lr`` join the ``trainer/`` and ``train/`` sections.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-STEP = "trainer/global_step"  # the one x axis of every logged value (Lightning's WandbLogger uses it too)
+STEP = "trainer/global_step"  # the x axis of every logged value, as in Lightning's WandbLogger
 EPOCH = "trainer/epoch"
 LAYERS_TABLE = "rank_layers/table"  # the probe's layers.csv rows, one table per probe
 FINAL_TABLE = "final/run"  # one row per run: its facts and final values, for cross-run charts

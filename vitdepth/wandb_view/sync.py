@@ -1,9 +1,9 @@
 """``vitdepth wandb-sync RUN_ROOT... [--project P] [--entity E] [--dry-run]``: upload each run
 directory as one W&B run, rebuilt from its files (``vitdepth.wandb_view.consolidate``).
 
-Run it where the W&B server is reachable (a login node) after ``wandb login``. A run directory whose
-files have not changed since its last upload to the same project is skipped: its fingerprint is kept
-in ``<run>/wandb-sync.json``, written only after ``wandb sync`` succeeded.
+Run it where the W&B server is reachable (a login node) after ``wandb login``. A run directory
+whose files have not changed since its last upload to the same project is skipped: its fingerprint
+is kept in ``<run>/wandb-sync.json``, written only after ``wandb sync`` succeeded.
 """
 
 from __future__ import annotations
@@ -28,18 +28,35 @@ VIEW_VERSION = 1  # bump when consolidate.build writes a different run from the 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "wandb-sync", help="upload run directories to W&B, one complete W&B run each",
-        description="Build one offline W&B run per run directory from its metrics.csv, layers.csv, "
+        "wandb-sync",
+        help="upload run directories to W&B, one complete W&B run each",
+        description="Build one offline W&B run per run directory from its metrics.csv, "
+        "layers.csv, "
         "run.json and status.json (every epoch once, however many times the run was requeued) and "
-        "upload it with `wandb sync`. Unchanged run directories are skipped.")
-    parser.add_argument("roots", nargs="+", type=Path, metavar="RUN_ROOT",
-                        help="run directories or folders above them")
-    parser.add_argument("--project", default=default_project(),
-                        help="W&B project (default: $WANDB_PROJECT or vitdepth)")
-    parser.add_argument("--entity", default=os.environ.get("WANDB_ENTITY"),
-                        help="W&B entity (default: $WANDB_ENTITY or your default entity)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="build the offline runs of the changed run directories and stop")
+        "upload it with `wandb sync`. Unchanged run directories are skipped.",
+    )
+    parser.add_argument(
+        "roots",
+        nargs="+",
+        type=Path,
+        metavar="RUN_ROOT",
+        help="run directories or folders above them",
+    )
+    parser.add_argument(
+        "--project",
+        default=default_project(),
+        help="W&B project (default: $WANDB_PROJECT or vitdepth)",
+    )
+    parser.add_argument(
+        "--entity",
+        default=os.environ.get("WANDB_ENTITY"),
+        help="W&B entity (default: $WANDB_ENTITY or your default entity)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the offline runs of the changed run directories and stop",
+    )
     return parser
 
 
@@ -52,17 +69,29 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         check_can_upload()
     for run_dir in changed:
-        stamp = fingerprint(run_dir, args.project, args.entity)  # before building: a run may still train
+        stamp = fingerprint(
+            run_dir, args.project, args.entity
+        )  # before building: a run may still train
         folder = build(run_dir, args.project, args.entity)
         if args.dry_run:
             print(f"built {folder}")
             continue
         upload(folder, args.project, args.entity)
-        rundir.atomic_write_json(run_dir / MARKER, {"fingerprint": stamp, "project": args.project,
-                                                    "entity": args.entity, "offline_run": str(folder)})
+        rundir.atomic_write_json(
+            run_dir / MARKER,
+            {
+                "fingerprint": stamp,
+                "project": args.project,
+                "entity": args.entity,
+                "offline_run": str(folder),
+            },
+        )
         print(f"synced {run_dir}")
     verb = "built" if args.dry_run else "uploaded"
-    print(f"{verb} {len(changed)} of {len(run_dirs)} run directories; {len(run_dirs) - len(changed)} unchanged")
+    print(
+        f"{verb} {len(changed)} of {len(run_dirs)} run directories; "
+        f"{len(run_dirs) - len(changed)} unchanged"
+    )
     return 0
 
 
@@ -86,19 +115,36 @@ def is_synced(run_dir: Path, stamp: str) -> bool:
 def check_can_upload() -> None:
     """Fail in seconds, before building anything, where ``wandb sync`` could not upload."""
     if not shutil.which("wandb"):
-        raise UsageError("the `wandb` command is not on PATH; activate the environment vitdepth is installed in")
+        raise UsageError(
+            "the `wandb` command is not on PATH; activate the environment vitdepth is installed in"
+        )
     if not server_reachable():
-        raise UsageError(f"{server()} is unreachable: run wandb-sync where the W&B server can be reached "
-                         "(a login node), or build the runs only with --dry-run")
+        raise UsageError(
+            f"{server()} is unreachable: run wandb-sync where the W&B server can be reached "
+            "(a login node), or build the runs only with --dry-run"
+        )
     if not has_api_key():
-        raise UsageError(f"no W&B API key for {server()}: run `wandb login` (or set WANDB_API_KEY) first")
+        raise UsageError(
+            f"no W&B API key for {server()}: run `wandb login` (or set WANDB_API_KEY) first"
+        )
 
 
 def upload(folder: Path, project: str, entity: str | None) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}  # the training jobs' offline, not ours
-    command = ["wandb", "sync", "--project", project, *(["--entity", entity] if entity else []), str(folder)]
+    env = {
+        k: v for k, v in os.environ.items() if k != "WANDB_MODE"
+    }  # the training jobs' offline, not ours
+    command = [
+        "wandb",
+        "sync",
+        "--project",
+        project,
+        *(["--entity", entity] if entity else []),
+        str(folder),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
-        raise UsageError(f"`wandb sync {folder}` failed (exit {done.returncode}): "
-                         f"{lines[-1] if lines else 'no output'}")
+        raise UsageError(
+            f"`wandb sync {folder}` failed (exit {done.returncode}): "
+            f"{lines[-1] if lines else 'no output'}"
+        )
