@@ -190,8 +190,9 @@ def test_a_run_resumed_twice_becomes_one_wandb_run_with_every_row_once(resumed_r
 
 
 def test_extra_layers_csv_columns_reach_the_wandb_table(tmp_path):
-    """layers.csv may gain columns (e.g. the probe's dtype); the table takes the file's header."""
-    run = write_run(tmp_path / "runs", depth=1, accs=(0.5,))
+    """layers.csv may gain columns (e.g. the probe's dtype); the table takes the file's header.
+    A diverged run ends its W&B run with exit code 1."""
+    run = write_run(tmp_path / "runs", depth=1, accs=(0.5,), status="diverged", reason="nan loss")
     rows = csv_rows(run / "layers.csv")
     with open(run / "layers.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, [*rows[0], "probe_dtype"])
@@ -204,6 +205,12 @@ def test_extra_layers_csv_columns_reach_the_wandb_table(tmp_path):
     assert [t["columns"][-1] for t in tables] == ["probe_dtype", "probe_dtype"]
     assert [row[-1] for t in tables for row in t["data"]] == ["bfloat16"] * 4
     assert [row[2] for t in tables for row in t["data"]] == [0, 1, 0, 1]  # layer
+    got = read_run(folder)
+    assert (got.exit_code, got.summary["run/status"], got.summary["run/reason"]) == (
+        1,
+        "diverged",
+        "nan loss",
+    )
 
 
 # 2. uploads --------------------------------------------------------------------------------------
@@ -376,3 +383,13 @@ def test_the_dashboard_save_without_a_server_fails_in_seconds(tmp_path, capsys, 
         "vitdepth: error: wandb.invalid is unreachable: --save"
     )
     assert not out.exists()
+
+
+def test_without_an_api_key_wandb_sync_fails_in_seconds(tmp_path, fake_wandb, capsys, monkeypatch):
+    write_run(tmp_path / "runs", depth=1)
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    assert main(["wandb-sync", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no W&B API key" in err[0] and "wandb login" in err[0]
+    assert uploaded(fake_wandb) == []

@@ -1,4 +1,5 @@
-"""``vitdepth wandb-dashboard --project P [--entity E] [--group G] [--out FILE] [--save]``: the W&B
+"""``vitdepth wandb-dashboard --project P [--entity E] [--group G...] [--runs RUN_ROOT...]
+[--out FILE] [--save]``: the W&B
 workspace that compares the variants of a sweep, as code (wandb-workspaces, the ``[wandb]`` extra).
 
 Without ``--save`` it prints the panels, run filter and grouping and writes them, with the view
@@ -131,8 +132,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--group",
         nargs="+",
         metavar="G",
-        help="only the runs of these W&B groups (a sweep has one per variant: the folders "
-        "under its run root, e.g. digits-full-e16-f5dfde); default: all runs of the project",
+        help="only the runs of these W&B groups (e.g. digits-full-e16-f5dfde; a sweep has one "
+        "per variant); default: all runs of the project, or those of --runs",
+    )
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_ROOT",
+        help="also the W&B groups of the run directories under these folders (a sweep's run root)",
     )
     parser.add_argument(
         "--out",
@@ -150,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         check_server()
     entity = args.entity or (default_entity() if args.save else "")
-    workspace = build_workspace(args.project, entity, args.group)
-    plan = describe(workspace, args.group)
+    groups = [*(args.group or []), *run_groups(args.runs or [])] or None
+    workspace = build_workspace(args.project, entity, groups)
+    plan = describe(workspace, groups)
     print(render(plan))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rundir.atomic_write_json(args.out, {**plan, "view_spec": view_spec(workspace)})
@@ -159,6 +168,13 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         save(workspace)
     return 0
+
+
+def run_groups(roots: list[Path]) -> list[str]:
+    """The W&B groups (run.json's ``group``) of the run directories under ``roots``, sorted."""
+    from vitdepth.report.load import find_run_dirs
+
+    return sorted({rundir.read_json(d / rundir.RUN_JSON)["group"] for d in find_run_dirs(roots)})
 
 
 def build_workspace(project: str, entity: str, groups: list[str] | None):
