@@ -393,3 +393,14 @@ def test_without_an_api_key_wandb_sync_fails_in_seconds(tmp_path, fake_wandb, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no W&B API key" in err[0] and "wandb login" in err[0]
     assert uploaded(fake_wandb) == []
+
+
+def test_an_unreadable_run_directory_is_skipped_with_a_warning(tmp_path, capsys):
+    good = write_run(tmp_path / "runs", depth=1)
+    bad = write_run(tmp_path / "runs", depth=2)
+    (bad / "run.json").write_text('{"run_id": "x"')  # cut short
+    assert main(["wandb-sync", str(tmp_path / "runs"), "--dry-run"]) == 1
+    out, err = capsys.readouterr()
+    assert f"warning: {bad}: skipped, unreadable: JSONDecodeError" in err
+    assert "built 1 of 2 run directories; 0 unchanged, 1 unreadable" in out
+    assert view_folder(good).is_dir() and not (bad / "wandb-view").exists()

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from vitdepth import rundir
@@ -61,38 +62,51 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    """Build (and unless --dry-run upload) every changed run directory; 1 if one was unreadable."""
     from vitdepth.report.load import find_run_dirs
-    from vitdepth.wandb_view.consolidate import build
 
     run_dirs = find_run_dirs(args.roots)
-    changed = [d for d in run_dirs if not is_synced(d, fingerprint(d, args.project, args.entity))]
+    stamps = {
+        d: fingerprint(d, args.project, args.entity) for d in run_dirs
+    }  # a run may still train
+    changed = [d for d in run_dirs if not is_synced(d, stamps[d])]
     if not args.dry_run:
         check_can_upload()
-    for run_dir in changed:
-        stamp = fingerprint(
-            run_dir, args.project, args.entity
-        )  # before building: a run may still train
-        folder = build(run_dir, args.project, args.entity)
-        if args.dry_run:
-            print(f"built {folder}")
-            continue
-        upload(folder, args.project, args.entity)
-        rundir.atomic_write_json(
-            run_dir / MARKER,
-            {
-                "fingerprint": stamp,
-                "project": args.project,
-                "entity": args.entity,
-                "offline_run": str(folder),
-            },
-        )
-        print(f"synced {run_dir}")
+    broken = [d for d in changed if not sync_one(d, stamps[d], args)]
     verb = "built" if args.dry_run else "uploaded"
+    done = len(changed) - len(broken)
     print(
-        f"{verb} {len(changed)} of {len(run_dirs)} run directories; "
-        f"{len(run_dirs) - len(changed)} unchanged"
+        f"{verb} {done} of {len(run_dirs)} run directories; {len(run_dirs) - len(changed)} "
+        f"unchanged{f', {len(broken)} unreadable' if broken else ''}"
     )
-    return 0
+    return 1 if broken else 0
+
+
+def sync_one(run_dir: Path, stamp: str, args: argparse.Namespace) -> bool:
+    """Build one run directory's W&B run and upload it; False (with a warning) if it is unreadable."""
+    from vitdepth.wandb_view.consolidate import build
+
+    try:
+        folder = build(run_dir, args.project, args.entity)
+    except (OSError, ValueError, KeyError, TypeError) as error:  # a broken run.json or CSV table
+        print(
+            f"warning: {run_dir}: skipped, unreadable: {type(error).__name__}: {error}",
+            file=sys.stderr,
+        )
+        return False
+    if args.dry_run:
+        print(f"built {folder}")
+        return True
+    upload(folder, args.project, args.entity)
+    marker = {
+        "fingerprint": stamp,
+        "project": args.project,
+        "entity": args.entity,
+        "offline_run": str(folder),
+    }
+    rundir.atomic_write_json(run_dir / MARKER, marker)
+    print(f"synced {run_dir}")
+    return True
 
 
 def fingerprint(run_dir: Path, project: str, entity: str | None) -> str:
