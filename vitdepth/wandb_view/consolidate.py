@@ -77,9 +77,8 @@ def history(run_dir: Path) -> list[dict]:
     for (epoch, step), rows in groupby(layers, key=lambda r: (r["epoch"], r["step"])):
         table = {"columns": columns, "data": [[number(r[c]) for c in columns] for r in rows]}
         events.append((int(step), 1, {LAYERS_TABLE: table, STEP: int(step), EPOCH: int(epoch)}))
-    return [
-        row for _, _, row in sorted(events, key=lambda e: e[:2])
-    ]  # stable: file order within a step
+    in_order = sorted(events, key=lambda e: e[:2])  # stable: file order within a step
+    return [row for _, _, row in in_order]
 
 
 def config(run_dir: Path) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 from vitdepth import rundir
 from vitdepth.errors import UsageError
 from vitdepth.wandb_view.keys import EPOCH, FINAL_TABLE, LAYERS_TABLE, STEP, default_project
-from vitdepth.wandb_view.server import has_api_key, server, server_reachable
+from vitdepth.wandb_view.server import require_server
 
 GROUP_BY = "variant"  # a top-level config key of every run
 
@@ -156,8 +156,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     if args.save:
-        check_server()
-    entity = args.entity or (default_entity() if args.save else "")
+        require_server(
+            "--save needs the W&B server; without --save the workspace is only printed and "
+            "written as JSON"
+        )
+    entity = args.entity or ""  # on --save, the default entity is looked up just before saving
     groups = [*(args.group or []), *run_groups(args.runs or [])] or None
     workspace = build_workspace(args.project, entity, groups)
     plan = describe(workspace, groups)
@@ -254,29 +257,12 @@ def view_spec(workspace) -> dict:
     return json.loads(workspace._to_model().spec.model_dump_json(by_alias=True, exclude_none=True))
 
 
-def check_server() -> None:
-    if not server_reachable():
-        raise UsageError(
-            f"{server()} is unreachable: --save needs the W&B server; without --save the "
-            "workspace is only printed and written as JSON"
-        )
-    if not has_api_key():
-        raise UsageError(
-            f"no W&B API key for {server()}: run `wandb login` (or set WANDB_API_KEY) first"
-        )
-
-
-def default_entity() -> str:
-    """The server lookup: the logged-in user's default entity."""
-    import wandb
-
-    return wandb.Api().default_entity
-
-
 def save(workspace) -> None:
+    """Create the workspace in W&B, under the logged-in user's default entity if none was given."""
     import wandb
 
     try:
+        workspace.entity = workspace.entity or wandb.Api().default_entity
         workspace.save()
     except (wandb.errors.Error, OSError, ValueError) as error:
         message = str(error).strip().splitlines()

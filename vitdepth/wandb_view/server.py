@@ -8,6 +8,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from vitdepth.errors import UsageError
+
 
 def server() -> str:
     """The host name of the W&B server (``WANDB_BASE_URL``, default api.wandb.ai)."""
@@ -32,3 +34,13 @@ def server_reachable(timeout: float = 3.0) -> bool:
         return True
     except OSError:
         return False
+
+
+def require_server(unreachable_hint: str) -> None:
+    """Fail in seconds, with one line, where the server cannot be reached or no key is set."""
+    if not server_reachable():
+        raise UsageError(f"{server()} is unreachable: {unreachable_hint}")
+    if not has_api_key():
+        raise UsageError(
+            f"no W&B API key for {server()}: run `wandb login` (or set WANDB_API_KEY) first"
+        )

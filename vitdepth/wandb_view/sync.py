@@ -20,7 +20,7 @@ from pathlib import Path
 from vitdepth import rundir
 from vitdepth.errors import UsageError
 from vitdepth.wandb_view.keys import default_project
-from vitdepth.wandb_view.server import has_api_key, server, server_reachable
+from vitdepth.wandb_view.server import require_server
 
 MARKER = "wandb-sync.json"
 SOURCES = (rundir.RUN_JSON, rundir.CONFIG, rundir.METRICS, rundir.LAYERS, rundir.STATUS)
@@ -132,15 +132,10 @@ def check_can_upload() -> None:
         raise UsageError(
             "the `wandb` command is not on PATH; activate the environment vitdepth is installed in"
         )
-    if not server_reachable():
-        raise UsageError(
-            f"{server()} is unreachable: run wandb-sync where the W&B server can be reached "
-            "(a login node), or build the runs only with --dry-run"
-        )
-    if not has_api_key():
-        raise UsageError(
-            f"no W&B API key for {server()}: run `wandb login` (or set WANDB_API_KEY) first"
-        )
+    require_server(
+        "run wandb-sync where the W&B server can be reached (a login node), or build the runs "
+        "only with --dry-run"
+    )
 
 
 def upload(folder: Path, project: str, entity: str | None) -> None:
