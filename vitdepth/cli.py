@@ -19,11 +19,13 @@ def study_parser() -> argparse.ArgumentParser:
     from vitdepth.report import cli as report_cli
     from vitdepth.sweep import cli as sweep_cli
     from vitdepth.theory import cli as theory_cli
+    from vitdepth.wandb_view import dashboard, sync
 
     parser = argparse.ArgumentParser(prog="vitdepth", description="Depth saturation and rank collapse in ViTs.",
                                      epilog=f"Training verbs: {', '.join(LIGHTNING_VERBS)} (see `vitdepth fit -h`).")
     subparsers = parser.add_subparsers(dest="verb", required=True)
-    for module in (collapse_cli, report_cli, sweep_cli, demo, theory_cli, bench_cli, analyze_cli):
+    for module in (collapse_cli, report_cli, sweep_cli, demo, theory_cli, bench_cli, analyze_cli, sync,
+                   dashboard):
         module.add_parser(subparsers).set_defaults(run=module.run)
     return parser
 

@@ -20,6 +20,7 @@ from vitdepth.lit.csv_table import CsvTable
 from vitdepth.metrics.attention import SIMILAR_BLOCK_THRESHOLD, count_similar_blocks
 from vitdepth.probe import probe_metrics
 from vitdepth.rundir import INIT_EPOCH, LAYERS, LAYERS_COLUMNS
+from vitdepth.wandb_view.keys import LAYERS_TABLE, STEP
 
 # attn_similarity is NaN by definition at layers 0-1, attn_entropy at layer 0.
 UNDEFINED_AT = {"attn_entropy": 1, "attn_similarity": 2}
@@ -27,7 +28,7 @@ UNDEFINED_AT = {"attn_entropy": 1, "attn_similarity": 2}
 
 class RankCollapseCallback(Callback):
     """Logs ``rank/<metric>/L{ii}``, ``rank/<metric>/last`` and ``rank/<metric>/mean`` and appends
-    to the run's layers.csv.
+    to the run's layers.csv (W&B names: ``vitdepth.wandb_view.keys``).
 
     Args:
         every_n_epochs: probe cadence after validation (0 = only at init and at the end).
@@ -117,7 +118,7 @@ class RankCollapseCallback(Callback):
 
                 columns = list(rows[0])
                 table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
-                logger.experiment.log({"rank/layers": table, "trainer/global_step": trainer.global_step})
+                logger.experiment.log({LAYERS_TABLE: table, STEP: trainer.global_step})
 
 
 def _nanmean(values: list[float]) -> float:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
-from urllib.parse import urlparse
 
 from lightning_fabric.utilities.logger import _add_prefix
-from pytorch_lightning.loggers import Logger
+from pytorch_lightning.loggers import Logger, WandbLogger
 from pytorch_lightning.utilities import rank_zero_only
 from typing_extensions import override
 
 from vitdepth.errors import UsageError, choice_error
 from vitdepth.lit.csv_table import CsvTable
 from vitdepth.rundir import METRICS
+from vitdepth.wandb_view.keys import default_project, wandb_key
+from vitdepth.wandb_view.server import has_api_key, server, server_reachable
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
@@ -85,40 +85,28 @@ def decide_wandb_mode(requested: str = "auto") -> str:
     if mode not in WANDB_MODES:
         raise choice_error("W&B mode", mode, WANDB_MODES)
     if mode == "auto":
-        return "online" if _has_api_key() and _server_reachable() else "offline"
-    if mode == "online" and not _server_reachable():
-        raise UsageError(f"W&B mode is online but {_server()} is unreachable; set WANDB_MODE=offline "
-                         "(runs sync later with `wandb sync`) or check the network")
+        return "online" if has_api_key() and server_reachable() else "offline"
+    if mode == "online" and not server_reachable():
+        raise UsageError(f"W&B mode is online but {server()} is unreachable; set WANDB_MODE=offline "
+                         "(and `vitdepth wandb-sync` the runs later) or check the network")
     return mode
 
 
-def _server() -> str:
-    return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+class RunWandbLogger(WandbLogger):
+    """Lightning's WandbLogger with the W&B key names of ``vitdepth.wandb_view.keys``."""
 
-
-def _has_api_key() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and _server() in netrc.read_text(errors="ignore")
-
-
-def _server_reachable(timeout: float = 3.0) -> bool:
-    try:
-        socket.create_connection((_server(), 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics, step: int | None = None) -> None:
+        super().log_metrics({wandb_key(k): v for k, v in metrics.items()}, step)
 
 
 def wandb_logger(run_dir: Path, run_id: str, group: str, name: str, tags: list[str], config: dict, mode: str):
     """A WandbLogger for one run directory, or None when W&B is disabled."""
     if mode == "disabled":
         return None
-    from pytorch_lightning.loggers import WandbLogger
-
     os.environ["WANDB_MODE"] = mode
     os.environ.setdefault("WANDB_SILENT", "true")
-    return WandbLogger(project=os.environ.get("WANDB_PROJECT", "vitdepth"), save_dir=str(run_dir), id=run_id,
-                       name=name, group=group, tags=tags, config=config, offline=mode == "offline",
-                       job_type="train")
+    return RunWandbLogger(project=default_project(), save_dir=str(run_dir), id=run_id,
+                          name=name, group=group, tags=tags, config=config, offline=mode == "offline",
+                          job_type="train")

@@ -21,6 +21,7 @@ from typing_extensions import override
 from vitdepth.errors import UsageError, disk_full_error
 from vitdepth.provenance import hardware, library_versions
 from vitdepth.rundir import CHECKPOINTS, RUN_JSON, atomic_write_json, read_status, run_id, write_status
+from vitdepth.wandb_view.keys import run_name, run_tags
 
 # Keys that change where or how a run executes, not what it computes.
 RUNTIME_KEYS = {
@@ -50,8 +51,8 @@ class RunIdentity:
         self.run_id = run_id(experiment, self.seed)
         without_depth = {**experiment, "model": {k: v for k, v in model.items() if k != "depth"}}
         self.group = f"{data['dataset']}-{model['variant']}-e{model['embed_dim']}-{run_id(without_depth, 0, 6)}"
-        self.name = f"{model['variant']}-d{model['depth']}-s{self.seed}"
-        self.tags = [model["variant"], data["dataset"], f"d{model['depth']}"]
+        self.name = run_name(model["variant"], model["depth"], self.seed)
+        self.tags = run_tags(model["variant"], data["dataset"], model["depth"])
         self.dir = Path(root) / self.group / self.run_id
         self.facts = {"run_id": self.run_id, "group": self.group, "seed": self.seed, "dataset": data["dataset"],
                       **{k: model[k] for k in ("variant", "depth", "embed_dim", "num_heads", "patch_size",
