@@ -165,10 +165,10 @@ def _read_layers(run: Run) -> None:
 
 
 def _probe_dtype(rows: list[dict], facts: dict) -> str:
-    """The coarsest probe dtype of the rows; rows without one (older files) probed in the training
-    precision, unless run.json says otherwise."""
-    fallback = facts.get("probe_dtype") or rundir.legacy_probe_dtype(facts.get("precision"))
-    dtypes = {r.get("probe_dtype") or fallback for r in rows}
+    """The coarsest probe dtype of the rows; rows without one were written before layers.csv had the
+    column (a resumed run keeps them), when the probe ran in the training precision."""
+    legacy = rundir.legacy_probe_dtype(facts.get("precision"))
+    dtypes = {r.get("probe_dtype") or legacy for r in rows}
     return max(dtypes, key=lambda d: rundir.DTYPE_FLOOR.get(d, 0.0))
 
 
