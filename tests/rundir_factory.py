@@ -44,13 +44,15 @@ def write_run(
     probe: Callable[[int, int], dict] | None = default_probe,
     group: str = "test",
     dataset: str = "cifar10",
+    probe_dtype: str | None = "float32",
     **facts,
 ) -> Path:
     """Write one run dir under ``root/group/run_id`` and return it.
 
     ``accs`` are the val/acc1 fractions, one per epoch; ``status=None`` writes no status.json (a run
     that died early); ``probe=None`` writes no layers.csv; ``probe(epoch, layer)`` gives the layer
-    metrics of a probe (epoch -1 is init).
+    metrics of a probe (epoch -1 is init); ``probe_dtype=None`` writes layers.csv as it was before
+    it had a probe_dtype column.
     """
     config = {"variant": variant, "depth": depth, "dataset": dataset, "group": group, **facts}
     run_id = rundir.run_id(config, seed)
@@ -78,7 +80,7 @@ def write_run(
         rundir.write_status(path, status, reason, wall_time_s=12.5 * depth, epochs=len(accs))
     _write_metrics(path / rundir.METRICS, accs)
     if probe is not None:
-        _write_layers(path / rundir.LAYERS, depth, len(accs), probe)
+        _write_layers(path / rundir.LAYERS, depth, len(accs), probe, probe_dtype)
     return path
 
 
@@ -104,12 +106,14 @@ def _write_metrics(path: Path, accs: tuple[float, ...]) -> None:
         writer.writerows(rows)
 
 
-def _write_layers(path: Path, depth: int, epochs: int, probe) -> None:
+def _write_layers(path: Path, depth: int, epochs: int, probe, probe_dtype: str | None) -> None:
     probes = [(rundir.INIT_EPOCH, 0)] + [(e, (e + 1) * STEPS_PER_EPOCH) for e in range(epochs)]
+    columns = rundir.LAYERS_COLUMNS if probe_dtype else rundir.LAYERS_COLUMNS[:-1]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(rundir.LAYERS_COLUMNS)
+        writer.writerow(columns)
         for epoch, step in probes:
             for layer in range(depth + 1):
                 values = probe(epoch, layer)
-                writer.writerow([epoch, step, layer, *(values[m] for m in rundir.LAYER_METRICS)])
+                dtype = [probe_dtype] if probe_dtype else []
+                writer.writerow([epoch, step, layer, *(values[m] for m in rundir.LAYER_METRICS), *dtype])

@@ -1,5 +1,7 @@
 """The probe sees every layer, reproduces explicit attention with fused SDPA on, and measures collapse."""
 
+import copy
+
 import pytest
 import torch
 
@@ -85,3 +87,78 @@ def test_fit_contraction_recovers_a_known_exponent_and_ignores_the_floor():
     slope, intercept, n = fit_contraction([curve], floor=1e-13)
     assert n == 3
     assert slope == pytest.approx(3.0) and intercept == pytest.approx(torch.log(torch.tensor(2.0)).item())
+
+
+# precision: the probe measures the network, not the training arithmetic --------------------------
+
+def digits_model(variant: str, depth: int = 8) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return build_vit(variant, depth, **{**SMALL, "in_chans": 1}), load_inputs("digits", 16, 16)
+
+
+def test_the_probe_runs_in_float32_with_autocast_off_inside_a_bf16_autocast_region():
+    """Lightning's bf16-mixed runs hooks inside no autocast, but its old probe entered one: the
+    probe must not depend on that (a bf16 pass floors the residual near 1e-3, then gives zeros)."""
+    model, images = digits_model("pure")
+    float32 = probe_metrics(model, images)["rel_residual"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = probe_metrics(model, images)["rel_residual"]
+    assert torch.equal(inside, float32)
+    assert float32[3].mean() < 1e-4  # pure attention has collapsed far below bf16's resolution here
+
+
+def test_a_bf16_true_model_is_probed_in_float32_on_a_copy_and_left_as_it_was():
+    model, images = digits_model("pure")
+    half = model.to(torch.bfloat16)
+    weights = {name: p.clone() for name, p in half.named_parameters()}
+    expected = probe_metrics(copy.deepcopy(half).float(), images)
+    got = probe_metrics(half, images)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)  # bf16 weights, float32 sums
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, weights[name]) for name, p in half.named_parameters())
+    float64 = probe_metrics(half, images, torch.float64)["rel_residual"]
+    assert not torch.equal(float64, got["rel_residual"])  # float64 where asked: a different rounding
+
+
+# batch statistics: Re-attention is probed with the statistics its training forward uses -----------
+
+def train_mode_maps_and_logits(model, images, tokens):
+    """Each block's map on the probe's block inputs, and the logits, of a train-mode forward (on a
+    copy: train mode updates BatchNorm's running buffers). The models here have no dropout."""
+    twin = copy.deepcopy(model).train()
+    with torch.no_grad():
+        maps = [block.attn.attention_map(block.norm1(x)) for block, x in zip(twin.blocks, tokens)]
+        return maps, twin(images)
+
+
+def buffers(model):
+    return {name: b.clone() for name, b in model.named_buffers()}
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["init", "after-training-steps"])
+def test_reattention_is_probed_with_the_batch_statistics_training_uses_and_keeps_its_buffers(moved):
+    model, images = digits_model("reattention", depth=4)
+    if moved:  # training moves the running statistics away from (0, 1); the probe still uses the batch's
+        model.train()(torch.randn(32, 1, 16, 16) * 3 + 1)
+        model.eval()
+    before = buffers(model)
+    assert any(name.endswith("num_batches_tracked") for name in before)
+    result = probe(model, images)
+    metrics = probe_metrics(model, images)
+    after = buffers(model)
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    maps, logits = train_mode_maps_and_logits(model, images, result.tokens[:-1])
+    for layer, expected in enumerate(maps, start=1):
+        assert torch.allclose(result.attn[layer], expected, atol=1e-6)
+    assert torch.allclose(result.logits, logits, atol=1e-5)
+    eval_map = model.eval().blocks[0].attn.attention_map(model.blocks[0].norm1(result.tokens[0]))
+    assert (eval_map - result.attn[1]).abs().max() > 0.1  # running statistics give another map
+    assert metrics["rel_residual"].shape == (5, 16)
+
+
+def test_reattention_and_full_no_longer_give_the_same_collapse_curve_at_init():
+    images = load_inputs("digits", 16, 16)
+    shape = ModelShape(embed_dim=32, num_heads=2, patch_size=4, img_size=16)
+    curves = {v: torch.tensor([r["rel_residual"] for r in measure_collapse(v, 8, 0, images, shape)])
+              for v in ("reattention", "full")}
+    gap = ((curves["reattention"] - curves["full"]).abs() / curves["full"])[1:]
+    assert gap.min() > 1e-3  # identical to 5 digits while the probe used running statistics (0, 1)

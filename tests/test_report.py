@@ -272,3 +272,21 @@ def test_report_imports_no_torch_and_the_parser_no_matplotlib():
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(root)},
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("probe_dtype", "precision", "floor"),
+    [
+        ("float32", "bf16-mixed", 1e-6),  # the probe ran in float32 whatever the training precision
+        ("float64", "32-true", 1e-13),
+        (None, "bf16-mixed", 1e-2),  # an older layers.csv: its probe ran in the training precision
+        (None, "32-true", 1e-6),
+    ],
+)
+def test_the_residual_plot_draws_the_floor_of_the_dtype_the_probe_used(tmp_path, probe_dtype, precision, floor):
+    write_run(tmp_path, depth=4, probe_dtype=probe_dtype, precision=precision)
+    runs = load.load_runs([tmp_path])
+    assert runs[0].probe_dtype == (probe_dtype or ("bfloat16" if precision == "bf16-mixed" else "float32"))
+    fig = plots.residual_vs_layer(runs, {"full": "C0"})
+    flat = [line.get_ydata() for line in fig.axes[0].get_lines() if line.get_linestyle() == ":"]
+    assert [list(y) for y in flat] == [[floor, floor]]

@@ -4,11 +4,24 @@ Layer 0 is the embedding output (after the position embedding, i.e. ``norm_pre``
 layers 1..depth are the block outputs. Attention maps are recomputed from each block's attention
 input, so the probe works while timm's fused SDPA (which never forms the map) stays on.
 The probe never touches a compiled graph: it unwraps ``torch.compile``'s ``_orig_mod``.
+
+The probe measures the network, not the training arithmetic: its forward pass runs in float32 (or
+float64 where asked) with autocast off, whatever the trainer's precision. Under ``*-mixed``
+precision the weights already are float32, so the model itself is probed; under ``*-true`` half
+precision (bf16-true, 16-true) the probe runs on a float32 copy of the weights (half-precision
+values are exact in float32, so it is the same network, computed without half-precision rounding).
+A bf16 forward pass would floor the relative residual near 1e-3, far above the float32 floor.
+
+Layers whose forward depends on batch statistics (BatchNorm, e.g. Re-attention's) normalise with
+the statistics of the probe batch, as every training forward pass does, at init and later alike;
+running buffers are left untouched and dropout stays off (see ``batch_statistics``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +31,7 @@ from vitdepth.metrics import layer_metrics
 from vitdepth.metrics.attention import column_sq_norms, similarity_of_columns
 
 LayerVisitor = Callable[[int, Tensor, "Tensor | None"], None]
+PROBE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def attention_map(attn: nn.Module, x: Tensor) -> Tensor:
@@ -38,14 +52,48 @@ def eager(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+def in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """The eager model if all its floating tensors are ``dtype``, else a copy in ``dtype``.
+
+    Only half-precision-trained models (``*-true``) or a float64 probe pay for the copy.
+    """
+    model = eager(model)
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
+        return model
+    return copy.deepcopy(model).to(dtype)
+
+
+@contextmanager
+def batch_statistics(model: nn.Module) -> Iterator[None]:
+    """BatchNorm layers normalise with the statistics of the batch they see, as in training.
+
+    Without running buffers an eval-mode BatchNorm uses batch statistics and updates nothing (not
+    even ``num_batches_tracked``), and a SyncBatchNorm in eval mode never synchronises across ranks,
+    so a probe on one rank cannot wait on the others. The buffers are put back afterwards.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [(m.running_mean, m.running_var) for m in norms]
+    for m in norms:
+        m.running_mean = m.running_var = None
+    try:
+        yield
+    finally:
+        for m, (mean, var) in zip(norms, saved, strict=True):
+            m.running_mean, m.running_var = mean, var
+
+
 @torch.no_grad()
 def run_probe(model: nn.Module, images: Tensor, visit: LayerVisitor) -> Tensor:
     """Forward ``images`` in eval mode, calling ``visit(layer, tokens, attn)`` as each layer finishes.
 
+    Autocast is off and BatchNorm uses the probe batch's statistics (see the module docstring); the
+    forward runs in the dtype of the model's weights, so the images are cast to it.
     Streaming keeps memory at one layer's maps, which matters for deep ImageNet models.
     Returns the logits.
     """
     model = eager(model)
+    images = images.to(next(model.parameters()).dtype)
     pending: dict[str, Tensor] = {}
     handles = [model.norm_pre.register_forward_hook(lambda m, i, out: visit(0, out, None))]
     for index, block in enumerate(model.blocks, start=1):
@@ -56,7 +104,8 @@ def run_probe(model: nn.Module, images: Tensor, visit: LayerVisitor) -> Tensor:
     was_training = model.training
     model.eval()
     try:
-        return model(images)
+        with torch.autocast(images.device.type, enabled=False), batch_statistics(model):
+            return model(images)
     finally:
         model.train(was_training)
         for handle in handles:
@@ -109,12 +158,13 @@ class LayerMeter:
         return {name: torch.stack([row[name] for row in self.rows]) for name in self.rows[0]}
 
 
-def probe_metrics(model: nn.Module, images: Tensor) -> dict[str, Tensor]:
-    """Per-layer metrics of one probe pass: name -> (depth + 1, B) float64, computed layer by layer.
+def probe_metrics(model: nn.Module, images: Tensor, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """Per-layer metrics of one probe pass in ``dtype``: name -> (depth + 1, B) float64, computed layer
+    by layer.
 
     Besides ``vitdepth.rundir.LAYER_METRICS`` it returns ``attn_similarity``: the DeepViT cosine
     between each block's map and the previous block's (NaN for layers 0 and 1).
     """
     meter = LayerMeter(eager(model).num_prefix_tokens)
-    run_probe(model, images, meter)
+    run_probe(in_dtype(model, dtype), images, meter)
     return meter.result()

@@ -5,7 +5,8 @@ A run lives in ``<root>/<group>/<run_id>/`` and holds::
     run.json      flat facts about the run (variant, depth, seed, dataset, params, ...), written at start
     config.yaml   the resolved LightningCLI config
     metrics.csv   Lightning's CSVLogger rows (train/loss, val/acc1 as a fraction in [0, 1], ...)
-    layers.csv    one row per layer per probe: epoch, step, layer, <LAYER_METRICS>; epoch -1 marks init
+    layers.csv    one row per layer per probe: epoch, step, layer, <LAYER_METRICS>, probe_dtype;
+                  epoch -1 marks init
     status.json   running | finished | diverged | failed, with reason and wall time
     checkpoints/  last.ckpt, best, and Lightning's hpc_ckpt_*.ckpt after a SLURM requeue signal
 
@@ -38,8 +39,27 @@ LAYER_METRICS = (
     "token_cosine",
     "attn_entropy",
 )
-LAYERS_COLUMNS = ("epoch", "step", "layer", *LAYER_METRICS)
+# probe_dtype: the dtype of the probe's forward pass (float32 or float64; files written before the
+# column existed lack it, see ``legacy_probe_dtype``).
+LAYERS_COLUMNS = ("epoch", "step", "layer", *LAYER_METRICS, "probe_dtype")
 INIT_EPOCH = -1  # the epoch value of the probe taken before the first training step
+
+# Below these relative residuals a forward pass in that dtype is rounding noise: float32 residuals
+# of a collapsed layer measure near 1e-7 and float64 near 1e-15 (machine epsilons 1.2e-7 and
+# 2.2e-16); fits and plots stop here. bfloat16 and float16 (epsilons 7.8e-3 and 9.8e-4) only
+# occur in layers.csv files of probes that ran in the training precision.
+DTYPE_FLOOR = {"float32": 1e-6, "float64": 1e-13, "bfloat16": 1e-2, "float16": 1e-3}
+
+
+def legacy_probe_dtype(precision: str | None) -> str:
+    """The probe dtype of a layers.csv without a probe_dtype column: older probes ran in the
+    trainer's precision (Lightning's ``precision`` names: bf16-mixed, 16-true, 32-true, 64, ...)."""
+    precision = str(precision or "32")
+    if precision.startswith("bf16"):
+        return "bfloat16"
+    if precision.startswith("16"):
+        return "float16"
+    return "float64" if precision.startswith("64") else "float32"
 
 STATUSES = ("running", "finished", "diverged", "failed")
 

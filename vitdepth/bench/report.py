@@ -25,8 +25,8 @@ class Target:
 TARGETS = {
     "ours_over_bare": Target(
         "a", ">=", 0.97, "images/s of ViTClassifier under a Lightning Trainer / the bare PyTorch loop",
-        "Lightning's work between steps (hooks, two self.log calls, the scheduler's step_update, the "
-        "isfinite(loss) check) is per step and independent of the model, so it weighs most for small models; "
+        "Lightning's work between steps (hooks, three self.log calls, the scheduler's step_update, the "
+        "divergence flag) is per step and independent of the model, so it weighs most for small models; "
         "the hook profile below shows where a step's time goes. On 2 shared cores the timed windows spread by 3-4%, "
         "more than a miss by under a point: such a miss is within noise."),
     "block_over_timm": Target(

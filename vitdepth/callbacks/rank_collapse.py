@@ -1,8 +1,10 @@
 """``RankCollapseCallback``: per-layer rank-collapse metrics on a fixed probe batch during training.
 
 It only schedules the probe and logs: the probe (``vitdepth.probe``) runs a separate eager forward
-pass under no_grad, never hooking the training forward. Probes run at init (epoch -1, step 0),
-every ``every_n_epochs`` epochs after validation, and at the end of training.
+pass under no_grad, in float32 with autocast off whatever the trainer's precision, never hooking
+the training forward. Probes run at init (epoch -1, step 0), every ``every_n_epochs`` epochs after
+validation, and at the end of training. Under DDP only rank 0 probes (the probe calls the bare
+model, so it runs no collective and the other ranks never wait on it).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities import rank_zero_warn
 from typing_extensions import override
 
+from vitdepth.errors import choice_error
 from vitdepth.lit.csv_table import CsvTable
 from vitdepth.metrics.attention import SIMILAR_BLOCK_THRESHOLD, count_similar_blocks
-from vitdepth.probe import probe_metrics
+from vitdepth.probe import PROBE_DTYPES, probe_metrics
 from vitdepth.rundir import INIT_EPOCH, LAYERS, LAYERS_COLUMNS
 from vitdepth.wandb_view.keys import LAYERS_TABLE, STEP
 
@@ -32,16 +35,22 @@ class RankCollapseCallback(Callback):
 
     Args:
         every_n_epochs: probe cadence after validation (0 = only at init and at the end).
-        probe_size: images in the fixed probe batch (taken from the validation set).
+        probe_size: images in the fixed probe batch, spread over the validation set (all of it,
+            with a warning, when it holds fewer).
         similarity_threshold: adjacent blocks whose mean attention similarity exceeds it count as
             DeepViT's "similar blocks" (logged as ``rank/similar_blocks``).
+        dtype: the probe's forward pass, ``float32`` or ``float64`` (recorded in layers.csv and
+            run.json; its rounding floor is where the report's residual plots stop).
     """
 
     def __init__(self, every_n_epochs: int = 1, probe_size: int = 256,
-                 similarity_threshold: float = SIMILAR_BLOCK_THRESHOLD) -> None:
+                 similarity_threshold: float = SIMILAR_BLOCK_THRESHOLD, dtype: str = "float32") -> None:
+        if dtype not in PROBE_DTYPES:
+            raise choice_error("rank_collapse.dtype", dtype, PROBE_DTYPES)
         self.every_n_epochs = every_n_epochs
         self.probe_size = probe_size
         self.similarity_threshold = similarity_threshold
+        self.dtype = dtype
         self.images: torch.Tensor | None = None
         self.table: CsvTable | None = None
         self.last_probe_step: int | None = None
@@ -52,7 +61,10 @@ class RankCollapseCallback(Callback):
             return
         datamodule = trainer.datamodule
         datamodule.setup("fit")
-        self.images = datamodule.probe_batch()[0][: self.probe_size]
+        self.images = datamodule.probe_batch(self.probe_size)[0]
+        if len(self.images) < self.probe_size:
+            rank_zero_warn(f"rank_collapse.probe_size is {self.probe_size} but the validation set holds "
+                           f"{len(self.images)} images: the probe uses all of them")
         self.table = CsvTable(Path(trainer.default_root_dir) / LAYERS, LAYERS_COLUMNS)
 
     @override
@@ -74,18 +86,20 @@ class RankCollapseCallback(Callback):
         if self.last_probe_step != trainer.global_step:
             self.probe(trainer, pl_module, trainer.current_epoch - 1)
 
+    def run_facts(self) -> dict:
+        """What run.json records about the probe."""
+        return {"probe_dtype": self.dtype, "probe_images": None if self.images is None else len(self.images)}
+
     def probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, epoch: int) -> None:
-        images = trainer.precision_plugin.convert_input(self.images.to(pl_module.device))  # e.g. bf16-true
-        with trainer.precision_plugin.forward_context():
-            metrics = probe_metrics(pl_module.model, images)
-        means = {name: values.nanmean(dim=1).tolist() for name, values in metrics.items()}
         step = trainer.global_step
         self.last_probe_step = step
-        self._flag_non_finite(means, epoch)
         if not trainer.is_global_zero:
             return
-        rows = [{"epoch": epoch, "step": step, "layer": layer, **{n: v[layer] for n, v in means.items()}}
-                for layer in range(len(means["rel_residual"]))]
+        metrics = probe_metrics(pl_module.model, self.images.to(pl_module.device), PROBE_DTYPES[self.dtype])
+        means = {name: values.nanmean(dim=1).tolist() for name, values in metrics.items()}
+        self._flag_non_finite(means, epoch)
+        rows = [{"epoch": epoch, "step": step, "layer": layer, **{n: v[layer] for n, v in means.items()},
+                 "probe_dtype": self.dtype} for layer in range(len(means["rel_residual"]))]
         self.table.append(rows)
         self.table.save()
         scalars = {}

@@ -9,12 +9,10 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
 from rich.progress import Progress
 
 from vitdepth.collapse.measure import (
     COLUMNS,
-    DTYPE_FLOOR,
     add_model_shape_args,
     fit_contraction,
     load_inputs,
@@ -24,7 +22,8 @@ from vitdepth.collapse.measure import (
 from vitdepth.collapse.plot import plot_collapse
 from vitdepth.errors import UsageError, choice_error
 from vitdepth.models import VARIANTS
-from vitdepth.rundir import atomic_write_json, atomic_write_text
+from vitdepth.probe import PROBE_DTYPES
+from vitdepth.rundir import DTYPE_FLOOR, atomic_write_json, atomic_write_text
 
 
 def int_list(text: str) -> list[int]:
@@ -45,7 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int_list, default=[0, 1, 2])
     p.add_argument("--n-images", type=int, default=32, help="images per probe (Dong et al. used 32 sequences)")
     add_model_shape_args(p)
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPE_FLOOR))
+    p.add_argument("--dtype", default="float32", choices=sorted(PROBE_DTYPES))
     p.add_argument("--out", type=Path, required=True)
     return p
 
@@ -58,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if min(args.depths) < 1:
         raise UsageError(f"depths must be >= 1, got {min(args.depths)}")
     shape = model_shape(args)
-    dtype, floor = getattr(torch, args.dtype), DTYPE_FLOOR[args.dtype]
+    dtype, floor = PROBE_DTYPES[args.dtype], DTYPE_FLOOR[args.dtype]
     images = load_inputs(args.data, args.n_images, args.img_size)
 
     rows = []

@@ -15,9 +15,6 @@ from vitdepth.probe import probe_metrics
 from vitdepth.rundir import LAYER_METRICS
 
 INPUTS = ("digits", "mnist5k", "gaussian")
-# Below these relative residuals a forward pass in that dtype is rounding noise (environment.md §4:
-# float32 residuals floor near 1e-7); fits and plots stop here.
-DTYPE_FLOOR = {"float32": 1e-6, "float64": 1e-13}
 COLUMNS = ("variant", "depth", "seed", "layer", *LAYER_METRICS, "attn_similarity", "rel_residual_std")
 
 
@@ -69,7 +66,7 @@ def measure_collapse(variant: str, depth: int, seed: int, images: torch.Tensor, 
     model = build_vit(variant, depth, embed_dim=shape.embed_dim, num_heads=shape.num_heads,
                       patch_size=shape.patch_size, img_size=shape.img_size, in_chans=images.shape[1],
                       num_classes=10, norm=shape.norm, weight_init=shape.weight_init).to(dtype)
-    metrics = probe_metrics(model, images.to(dtype))
+    metrics = probe_metrics(model, images, dtype)
     rows = []
     for layer in range(depth + 1):
         row = {"variant": variant, "depth": depth, "seed": seed, "layer": layer}

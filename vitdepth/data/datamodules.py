@@ -113,7 +113,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.mean = _per_channel(spec.mean, self.in_chans)
         self.std = _per_channel(spec.std, self.in_chans)
         self.train_set = self.val_set = self.test_set = None
-        self._probe = None
+        self._probe: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _check_options(self) -> None:
         """Reject bad combinations here, so the user sees one line before anything is loaded."""
@@ -259,19 +259,21 @@ class ImageDataModule(pl.LightningDataModule):
                           drop_last=train and len(dataset) > hp.batch_size, num_workers=hp.num_workers,
                           persistent_workers=hp.num_workers > 0, pin_memory=torch.cuda.is_available())
 
-    def probe_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def probe_batch(self, size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A fixed batch for rank probes: (images (P,C,H,W) float, labels (P,)), the same on every call and run.
 
-        P = min(probe_size, len(val set)) validation images in eval transform, spread evenly over
-        the validation set so a class-sorted folder (ImageNet val/) still gives many classes.
+        P = min(size, len(val set)) validation images in eval transform (size defaults to
+        ``probe_size``), spread evenly over the validation set so a class-sorted folder (ImageNet
+        val/) still gives many classes.
         """
-        if self._probe is None:
+        size = self.hparams.probe_size if size is None else size
+        if size not in self._probe:
             self.setup("fit")
             n = len(self.val_set)
-            k = min(self.hparams.probe_size, n)
+            k = min(size, n)
             picks = Subset(self.val_set, (torch.arange(k) * n // k).tolist())
-            self._probe = next(iter(DataLoader(picks, batch_size=k)))
-        return self._probe
+            self._probe[size] = next(iter(DataLoader(picks, batch_size=k)))
+        return self._probe[size]
 
 
 def _per_channel(values: Sequence[float], channels: int) -> tuple[float, ...]:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from pytorch_lightning import LightningModule
 from timm.data import Mixup
+from timm.layers import Attention
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -20,6 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from vitdepth.errors import UsageError
+from vitdepth.lit.divergence import DivergenceWatch
 from vitdepth.models import build_vit, count_parameters
 from vitdepth.models.regularisers import diverse_patch_loss
 
@@ -84,21 +87,36 @@ class ViTClassifier(LightningModule):
         self.test_acc5 = self.val_acc5.clone()
         # Not a submodule: checkpoints keep the eager model's keys, and probes use self.model.
         self._train_forward = torch.compile(self.model) if compile else self.model
-        self.diverged_at: int | None = None
+        self.divergence = DivergenceWatch()
         self._epoch_images, self._epoch_start, self._last_batch_end = 0, time.perf_counter(), None  # a mid-epoch resume skips on_train_epoch_start
 
     @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images)
 
+    @property
+    def diverged_at(self) -> int | None:
+        """The first step whose training loss was non-finite (the run recorder marks it "diverged")."""
+        return self.divergence.diverged_at
+
     def flops_per_image(self) -> int:
-        """Forward FLOPs of one image, counted by torch's FlopCounterMode (matmuls and convs)."""
+        """Forward FLOPs of one image, counted by torch's FlopCounterMode (matmuls and convs).
+
+        Counted on an eval-mode copy, so no state changes (Re-attention's BatchNorm buffers would
+        move in train mode), with timm's fused attention off: FlopCounterMode skips fused SDPA on
+        CPU, so attention is counted as its explicit matmuls, for every variant and on every device
+        (the same 4·N²·d per head as the counter's fused-SDPA formula).
+        """
         from torch.utils.flop_counter import FlopCounterMode
 
+        model = copy.deepcopy(self.model).eval()
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.fused_attn = False
         h = self.hparams
         image = torch.zeros(1, h.in_chans, h.img_size, h.img_size, device=self.device, dtype=self.dtype)
         with FlopCounterMode(display=False) as counter, torch.no_grad():
-            self.model(image)
+            model(image)
         return counter.get_total_flops()
 
     @override
@@ -118,15 +136,19 @@ class ViTClassifier(LightningModule):
             loss = F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
         if self.hparams.diverse_patch_weight > 0:
             cosine = diverse_patch_loss(tokens, self.model.num_prefix_tokens)
-            self.log("train/patch_cosine", cosine, on_step=True, on_epoch=True, batch_size=len(images))
+            self._log_train("train/patch_cosine", cosine, len(images))
             loss = loss + self.hparams.diverse_patch_weight * cosine
-        if not torch.isfinite(loss):
-            # Stop cleanly; the run recorder marks the run "diverged" instead of crashing a sweep.
-            self.diverged_at = self.global_step
-            self.trainer.should_stop = True
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(images))
+        self.divergence.note(loss, self.global_step, self.trainer.world_size)
+        self._log_train("train/loss", loss, len(images), prog_bar=True)
         self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
+
+    def _log_train(self, name: str, value: torch.Tensor, batch_size: int, prog_bar: bool = False) -> None:
+        """``<name>_step``: this rank's value (rank 0's reaches the loggers), because Lightning's
+        sync_dist is a barrier and an all-reduce that would make the host wait every step;
+        ``<name>_epoch``: the mean over all ranks' batches, synced once per epoch."""
+        self.log(f"{name}_step", value, on_step=True, on_epoch=False, prog_bar=prog_bar, batch_size=batch_size)
+        self.log(f"{name}_epoch", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=batch_size)
 
     @override
     def on_train_epoch_start(self) -> None:
@@ -136,13 +158,19 @@ class ViTClassifier(LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         self._epoch_images += len(batch[0])
         self._last_batch_end = time.perf_counter()
+        if self.divergence.read() is not None:
+            self.trainer.should_stop = True  # the run recorder marks the run "diverged"; a sweep goes on
+
+    @override
+    def on_train_end(self) -> None:
+        self.divergence.read(newest=True)  # the last step's flag
 
     @override
     def on_train_epoch_end(self) -> None:
         # Training steps only: validation and probes run between the last batch and this hook.
         if self._last_batch_end is not None:
             seconds = self._last_batch_end - self._epoch_start
-            self.log("perf/images_per_sec", self._epoch_images * self.trainer.world_size / seconds)
+            self.log("perf/images_per_sec", self._epoch_images / seconds, sync_dist=True, reduce_fx="sum")
 
     def _eval_step(self, batch, stage: str) -> None:
         images, labels = batch

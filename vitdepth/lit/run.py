@@ -142,7 +142,7 @@ class RunRecorder(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
-            facts = {**self.identity.facts, "params": pl_module.num_params,
+            facts = {**self.identity.facts, **_callback_facts(trainer), "params": pl_module.num_params,
                      "flops_per_image": pl_module.flops_per_image(),
                      "command": shlex.join(["vitdepth", *sys.argv[1:]]),
                      "versions": library_versions(), "hardware": hardware(),
@@ -179,3 +179,8 @@ class RunRecorder(Callback):
         except UsageError:  # the disk is full: status.json keeps its last state; the error says why
             pass
 
+
+def _callback_facts(trainer: pl.Trainer) -> dict:
+    """Facts that callbacks record in run.json through a ``run_facts()`` method (e.g. the probe's dtype)."""
+    return {k: v for callback in trainer.callbacks if hasattr(callback, "run_facts")
+            for k, v in callback.run_facts().items()}

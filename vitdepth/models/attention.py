@@ -67,7 +67,8 @@ class ReAttention(MapAttention):
 
     Θ ∈ R^{H×H} mixes the heads' maps (DeepViT uses a 1×1 Conv2d over heads; here a bias-free
     matrix initialised to the identity) and BN is BatchNorm2d over heads. In training mode BN uses
-    batch statistics, so the map is not row-stochastic; the probe (eval mode) sees running ones.
+    batch statistics, so the map is not row-stochastic; so does the probe (``vitdepth.probe``), which
+    uses the probe batch's statistics without updating the running ones that eval mode uses.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:

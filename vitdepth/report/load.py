@@ -28,6 +28,12 @@ class Run:
     val_acc1: list[float] = field(default_factory=list)  # percent, in step order
     probe_epochs: np.ndarray = field(default_factory=lambda: np.zeros(0, int))  # (P,), step order
     layers: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> (P, depth + 1)
+    probe_dtype: str = "float32"  # of the probe's forward pass; the coarsest if probes differ
+
+    @property
+    def probe_floor(self) -> float:
+        """The relative residual below which this run's probes are rounding noise."""
+        return rundir.DTYPE_FLOOR.get(self.probe_dtype, rundir.DTYPE_FLOOR["float32"])
 
     @property
     def run_id(self) -> str:
@@ -155,6 +161,15 @@ def _read_layers(run: Run) -> None:
         for m in rundir.LAYER_METRICS:
             run.layers[m][index[int(r["step"]), int(r["epoch"])], i] = _number(r.get(m))
     run.probe_epochs = np.array([epoch for _, epoch in probes])
+    run.probe_dtype = _probe_dtype(rows, run.facts)
+
+
+def _probe_dtype(rows: list[dict], facts: dict) -> str:
+    """The coarsest probe dtype of the rows; rows without one were written before layers.csv had the
+    column (a resumed run keeps them), when the probe ran in the training precision."""
+    legacy = rundir.legacy_probe_dtype(facts.get("precision"))
+    dtypes = {r.get("probe_dtype") or legacy for r in rows}
+    return max(dtypes, key=lambda d: rundir.DTYPE_FLOOR.get(d, 0.0))
 
 
 def _read_csv(path: Path, required: tuple[str, ...]) -> list[dict]:

@@ -73,7 +73,11 @@ def acc_vs_depth(runs: list[Run], colors: dict[str, str]) -> Figure:
 
 
 def residual_vs_layer(runs: list[Run], colors: dict[str, str]) -> Figure:
-    """One panel per depth: rel_residual per layer, mean over seeds; init from all runs, end from finished."""
+    """One panel per depth: rel_residual per layer, mean over seeds; init from all runs, end from finished.
+
+    A dotted line marks the rounding floor of the dtype the probes ran in (``rundir.DTYPE_FLOOR``):
+    values below it are rounding noise, not collapse.
+    """
     depths = sorted({r.depth for r in runs if r.depth is not None and r.layers})
     ncols = min(4, max(1, len(depths)))
     nrows = max(1, math.ceil(len(depths) / ncols))
@@ -89,6 +93,8 @@ def residual_vs_layer(runs: list[Run], colors: dict[str, str]) -> Figure:
                 curve = _mean_profile([r.profile("rel_residual", when) for r in pool])
                 if curve is not None:
                     ax.plot(np.arange(len(curve)), curve, style, color=color, marker=".")
+        for floor in {r.probe_floor for r in runs if r.depth == depth and r.layers}:
+            ax.axhline(floor, color="grey", ls=":", lw=1)
         ax.set(yscale="log", title=f"depth {depth}", xlabel="layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes[len(depths) :]:
@@ -102,6 +108,9 @@ def residual_vs_layer(runs: list[Run], colors: dict[str, str]) -> Figure:
         Line2D([], [], color="k", ls="--", label="init (all runs)"),
         Line2D([], [], color="k", ls="-", label="end (finished runs)"),
     ]
+    dtypes = sorted({r.probe_dtype for r in runs if r.depth in depths and r.layers})
+    if dtypes:
+        handles.append(Line2D([], [], color="grey", ls=":", label=f"{', '.join(dtypes)} rounding floor"))
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), fontsize="small")
     fig.suptitle("Relative residual per layer (mean over seeds)")
     return fig

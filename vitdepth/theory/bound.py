@@ -37,10 +37,10 @@ from copy import deepcopy
 import torch
 from torch import Tensor, nn
 
-from vitdepth.collapse.measure import DTYPE_FLOOR
 from vitdepth.metrics import composite_norm, l1_norm, linf_norm, token_residual
 from vitdepth.models import VARIANTS
 from vitdepth.probe import probe
+from vitdepth.rundir import DTYPE_FLOOR
 
 SPREAD_LIMIT = 1.0  # Lemma A.3's missing assumption: max_{i,j,j'} (E_ij − E_ij') <= 1
 SPREAD_LIMIT_REPAIRED = 1.256  # the author's updated lemma (issue #1 of the authors' repository)
