@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -23,11 +24,18 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"WANDB_MODE": "disabled"}
 
 
-def build_wheel(dist: Path) -> Path:
-    """``pip wheel`` of this repository with the setuptools already installed (no download)."""
+def build_wheel(tmp: Path) -> Path:
+    """``pip wheel`` of a copy of the sources, with the setuptools already installed (no download).
+    A copy: in the clone, setuptools would reuse a stale ``build/lib`` from an earlier build."""
+    source = tmp / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source)
+    for name in ("vitdepth", "configs"):  # vitdepth/configs stays a symlink to ../configs
+        shutil.copytree(REPO / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(dist), str(REPO)], check=True, capture_output=True)
-    (wheel,) = dist.glob("vitdepth-*.whl")
+                    "-w", str(tmp / "dist"), str(source)], check=True, capture_output=True)
+    (wheel,) = (tmp / "dist").glob("vitdepth-*.whl")
     return wheel
 
 
@@ -45,7 +53,7 @@ def fresh_venv(root: Path, wheel: Path) -> Path:
 
 
 def test_the_wheel_runs_collapse_fit_and_demo_outside_a_clone(tmp_path):
-    wheel = build_wheel(tmp_path / "dist")
+    wheel = build_wheel(tmp_path)
     shipped = sorted(f"vitdepth/{p.relative_to(REPO)}" for p in (REPO / "configs").rglob("*.yaml"))
     assert len(shipped) >= 11 and set(shipped) <= set(zipfile.ZipFile(wheel).namelist())
 
