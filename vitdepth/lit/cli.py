@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import warnings
 
 from jsonargparse import ArgumentError
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -31,6 +32,9 @@ from vitdepth.lit.run import (
 )
 from vitdepth.provenance import library_versions
 from vitdepth.rundir import CHECKPOINTS, read_status
+from vitdepth.shipped import RECIPE_FOLDERS, local_or_shipped, shipped_names
+
+CONFIG_FLAGS = ("--config", "-c")
 
 
 class _Resolved(Exception):
@@ -106,11 +110,13 @@ class VitdepthCLI(LightningCLI):
 
 def _cli(argv: list[str], cli_class: type[VitdepthCLI] = VitdepthCLI) -> VitdepthCLI:
     try:
-        args = None if argv == sys.argv[1:] else argv  # LightningCLI warns when given both
-        return cli_class(ViTClassifier, ImageDataModule, args=args, subclass_mode_model=False,
-                         save_config_callback=SaveConfigCallback, save_config_kwargs={"overwrite": True},
-                         seed_everything_default=0, parser_kwargs={"exit_on_error": False},
-                         trainer_defaults={"log_every_n_steps": 10})
+        with warnings.catch_warnings():
+            # argv is not sys.argv[1:] under a sweep, or after with_shipped_configs: LightningCLI warns
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            return cli_class(ViTClassifier, ImageDataModule, args=argv, subclass_mode_model=False,
+                             save_config_callback=SaveConfigCallback, save_config_kwargs={"overwrite": True},
+                             seed_everything_default=0, parser_kwargs={"exit_on_error": False},
+                             trainer_defaults={"log_every_n_steps": 10})
     except ArgumentError as error:
         raise UsageError(yaml_error(str(error), argv) or one_line(str(error))) from None
 
@@ -142,10 +148,30 @@ def one_line(message: str) -> str:
     return f"bad value{value} for --{key.group(1)}: {expected}; see `vitdepth fit --help`"
 
 
+def with_shipped_configs(argv: list[str]) -> list[str]:
+    """``--config NAME`` (or ``--config=NAME``) where no file NAME is here: the shipped recipe NAME
+    (``digits``, ``digits.yaml``, ``configs/data/cifar10.yaml``), so recipes work outside a clone."""
+    found = list(argv)
+    for i, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag not in CONFIG_FLAGS or not (equals or i + 1 < len(argv)):
+            continue
+        value = value if equals else argv[i + 1]
+        path = local_or_shipped(value, RECIPE_FOLDERS)
+        if path is None and re.fullmatch(r"[\w./~-]+", value):  # a file name, not inline YAML
+            raise UsageError(f"--config: File does not exist: {value!r}, and vitdepth ships no recipe of that "
+                             f"name ({', '.join(shipped_names(RECIPE_FOLDERS))})")
+        if equals:
+            found[i] = f"{flag}={path or value}"
+        else:
+            found[i + 1] = path or value
+    return found
+
+
 def run_lightning_cli(argv: list[str]) -> int:
     """Run a LightningCLI verb (fit, validate, test); argument errors become one-line UsageErrors."""
     try:
-        _cli(argv)
+        _cli(with_shipped_configs(argv))
     except SIGTERMException:
         return 128 + signal.SIGTERM  # stopped, resumable: the exit status a shell gives a SIGTERMed process
     finally:

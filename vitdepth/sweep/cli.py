@@ -24,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Train the runs of a grid file (configs/grids/*.yaml): base configs x axes. Runs already "
         "finished or diverged are skipped and interrupted ones resume, so rerunning a sweep is safe.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
-    p.add_argument("grid", metavar="GRID", help="grid file, e.g. configs/grids/digits-depth.yaml")
+    p.add_argument("grid", metavar="GRID", help="grid file, e.g. configs/grids/digits-depth.yaml, or the name "
+                   "of a shipped grid (digits-depth)")
     p.add_argument("--launcher", choices=("local", "slurm"), default="local")
     p.add_argument("--dry-run", action="store_true",
                    help="local: list the runs and their status; slurm: print the sbatch script")

@@ -12,7 +12,8 @@ A grid file (``configs/grids/*.yaml``)::
       trainer.max_epochs: 8
     slurm: {time: "04:00:00"}       # optional defaults for --launcher slurm (see vitdepth.sweep.slurm)
 
-Base paths are relative to the grid file's folder, or else to the current directory. A run's task
+A grid file is a path, or the name of a grid shipped in ``configs/grids/`` (``digits-depth``). Base
+paths are relative to the grid file's folder, or else to the current directory. A run's task
 index is its position in the product, so it is stable while the grid file is unchanged.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from vitdepth.errors import UsageError
+from vitdepth.shipped import GRID_FOLDERS, local_or_shipped, shipped_names
 
 KEYS = ("base", "run_root", "axes", "overrides", "slurm")
 SHORT_NAMES = {"seed_everything": "seed"}  # axis labels in progress lines and --only filters
@@ -116,9 +118,11 @@ class Grid:
 
 def load_grid(path: str | os.PathLike) -> Grid:
     """Read and check a grid file; every problem is one UsageError line naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"grid file {path} not found")
+    found = local_or_shipped(str(path), GRID_FOLDERS)
+    if found is None:
+        raise UsageError(f"grid file {path} not found, and vitdepth ships no grid of that name "
+                         f"({', '.join(shipped_names(GRID_FOLDERS))})")
+    path = Path(found)
     try:
         spec = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, OSError, UnicodeDecodeError) as err:
@@ -159,10 +163,14 @@ def load_grid(path: str | os.PathLike) -> Grid:
 
 
 def _base_path(grid: Path, base: str) -> str:
-    """A base config relative to the grid file's folder, else to the current directory."""
+    """A base config relative to the grid file's folder, else to the current directory. A relative
+    base is written relative to the current directory when it is inside it (a clone), else absolute
+    (a shipped grid, run from elsewhere)."""
     for candidate in (grid.parent / base, Path(base)):
         if candidate.is_file():
-            return os.path.normpath(os.path.relpath(candidate) if not Path(base).is_absolute() else candidate)
+            path = Path(os.path.normpath(candidate.absolute()))
+            inside = not Path(base).is_absolute() and path.is_relative_to(Path.cwd())
+            return str(path.relative_to(Path.cwd()) if inside else path)
     raise UsageError(f"grid file {grid}: base config {base!r} not found (looked in {grid.parent}/ and "
                      f"{Path.cwd()}/)")
 

@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,9 +187,7 @@ def _as_command(argv: list[str]):
     saved = sys.argv
     sys.argv = [saved[0], *argv]
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-            yield
+        yield
     finally:
         sys.argv = saved
 

@@ -1,0 +1,45 @@
+"""How to cite: CITATION.cff is valid CFF 1.2.0 and names this version; results/README.md indexes
+every results folder."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+# The official CFF 1.2.0 schema (https://citation-file-format.github.io/1.2.0/schema.json), as shipped
+# in cffconvert 2.0.0 (cffconvert/schemas/1.2.0/schema.json); cffconvert itself pins jsonschema < 4.
+SCHEMA = json.loads((Path(__file__).parent / "cff-1.2.0.schema.json").read_text())
+
+
+def cff_errors(citation: dict) -> list[str]:
+    validator = jsonschema.Draft7Validator(SCHEMA, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(citation)]
+
+
+def test_citation_cff_is_valid_and_names_this_version():
+    citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff_errors(citation) == []
+    version = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    assert citation["version"] == version.group(1)
+    (paper,) = [r for r in citation["references"] if "2103.03404" in r["url"]]
+    assert [a["family-names"] for a in paper["authors"]] == ["Dong", "Cordonnier", "Loukas"]
+
+    broken = copy.deepcopy(citation)
+    del broken["authors"]
+    broken["references"][0]["type"] = "paper"  # not one of CFF's reference types
+    assert len(cff_errors(broken)) == 2  # the schema check can fail
+
+
+def test_results_readme_lists_every_results_folder():
+    index = (REPO / "results" / "README.md").read_text()
+    listed = set(re.findall(r"^\| `([\w.-]+)/`", index, flags=re.MULTILINE))
+    folders = {p.name for p in (REPO / "results").iterdir() if p.is_dir()}
+    assert folders - listed == set(), "add a row for each to results/README.md"
+    assert listed - folders == set(), "rows of results/README.md without a folder"
+
