@@ -105,9 +105,11 @@ def cifar_transform(train: bool, img_size: int, native_size: int, mean: Sequence
 
 def imagenet_transform(train: bool, img_size: int, mean: Sequence[float], std: Sequence[float],
                        auto_augment: str | None = None, re_prob: float = 0.0):
-    """timm's ImageNet pipeline: RandomResizedCrop and flip for training, resize and centre crop for eval."""
+    """timm's ImageNet pipeline: RandomResizedCrop and flip for training, resize and centre crop for
+    eval, bicubic as in DeiT (timm's default is bilinear)."""
     return posterize_safe(create_transform(img_size, is_training=train, auto_augment=auto_augment,
-                                           re_prob=re_prob, re_mode="pixel", mean=tuple(mean), std=tuple(std)))
+                                           interpolation="bicubic", re_prob=re_prob, re_mode="pixel",
+                                           mean=tuple(mean), std=tuple(std)))
 
 
 # Just below timm's top level of 10, at which its posterize asks PIL for 0 bits, which PIL >= 13 rejects
