@@ -14,6 +14,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LEE = {"model.depth": 9, "model.embed_dim": 192, "model.num_heads": 12, "model.mlp_ratio": 2.0,
        "model.patch_size": 4, "model.drop_path_rate": 0.1, "model.lr": 1e-3, "model.weight_decay": 0.05,
        "model.warmup_epochs": 10, "model.label_smoothing": 0.1, "trainer.max_epochs": 100,
+       "model.mixup": 1.0, "model.cutmix": 1.0, "trainer.gradient_clip_val": None,
        "data.batch_size": 128, "data.re_prob": 0.25, "data.auto_augment": "tv-cifar10"}
 
 
