@@ -15,7 +15,7 @@ from vitdepth.probe import probe_metrics
 from vitdepth.rundir import LAYER_METRICS
 
 INPUTS = ("digits", "mnist5k", "gaussian")
-# Below these relative residuals a forward pass in that dtype is rounding noise (environment.md §4:
+# Below these relative residuals a forward pass in that dtype is rounding noise (measured on X = 1vᵀ + noise:
 # float32 residuals floor near 1e-7); fits and plots stop here.
 DTYPE_FLOOR = {"float32": 1e-6, "float64": 1e-13}
 COLUMNS = ("variant", "depth", "seed", "layer", *LAYER_METRICS, "attn_similarity", "rel_residual_std")
