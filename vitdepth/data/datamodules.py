@@ -137,7 +137,7 @@ class ImageDataModule(pl.LightningDataModule):
         return actual
 
     def prepare_data(self) -> None:
-        """Download CIFAR once per node (Lightning calls this on one process only)."""
+        """Download CIFAR once per node (Lightning calls this on local rank 0 of each node only)."""
         if self.hparams.download and self.spec.kind == "cifar":
             for train in (True, False):
                 try:
