@@ -1,14 +1,14 @@
 """Dong et al.'s (2021) rank-collapse bound, layer by layer, against what a real model does.
 
-Notation (Dong, Cordonnier & Loukas 2021, arXiv:2103.03404, §2): a head's SA(X) = P X W_V + 1 b_Vᵀ with P = softmax of the
-logits (X W_Q)(X W_K)ᵀ / sqrt(d_qk), W_QK = W_Q W_Kᵀ. In timm's ``Attention`` tokens are rows, so
+Notation of Dong, Cordonnier & Loukas 2021 (arXiv:2103.03404): a head's SA(X) = P X W_V + 1 b_Vᵀ
+with P = softmax of the logits (X W_Q)(X W_K)ᵀ / sqrt(d_qk), W_QK = W_Q W_Kᵀ. In timm's ``Attention`` tokens are rows, so
 for head h: W_Q^h = Wq_hᵀ and W_K^h = Wk_hᵀ (C×d slices of ``qkv.weight``) and the output
 projection folds into the value matrix, W_h = W_V^h W_O^h = Wv_hᵀ (proj.weight[:, head h])ᵀ (C×C):
 multi-head SA(X) = Σ_h P_h X W_h + 1 bᵀ. Biases only add a constant row (b_V, b_O), or a
 term that depends on the key alone (b_Q), which joins the rank-1 part of the logits (Dong's r);
 b_K cancels in the softmax. None of them enters E or the bound.
 
-Thm 2.2/2.3 unrolls a per-layer cubic contraction (Dong et al. 2021, §2.2)::
+Their Thm 2.2/2.3 unrolls a per-layer cubic contraction::
 
     ||res(SA(X))||_{1,∞} <= c ||res(X)||_{1,∞}^3,   c = 4 γ β H / sqrt(d_qk),
     β = max_h ||W_QK^h||_1 ||W_h||_{1,∞}
@@ -21,9 +21,9 @@ With s = 2(1 − 1/N), the mean-centred residual r̄ of any Y lies in [r*, s r*]
 (Y − 1ȳᵀ = (I − 11ᵀ/N)(Y − 1y*ᵀ), and both induced norms of I − 11ᵀ/N are s; the lower end
 assumes the paper's x minimises the composite norm, which we have not checked against its text).
 So the measured ratio r̄_out / (c r̄_in³) and the paper's r*_out / (c r*_in³) differ by a factor
-in [1/s³, s]: the bound provably holds only where ratio <= 1/s³ (then r*_out <= r̄_out <=
-ratio c s³ r*_in³ <= c r*_in³), is provably violated only where ratio > s, and in between the
-mean-centred measurement cannot tell ("inconclusive"). ratio <= 1 alone proves nothing: the
+in [1/s³, s]: a ratio <= 1/s³ proves the bound holds (r*_out <= r̄_out <= ratio c s³ r*_in³
+<= c r*_in³), a ratio > s proves it fails (r*_out >= r̄_out / s > c r̄_in³ >= c r*_in³), and in
+between the mean-centred measurement cannot tell ("inconclusive"). ratio <= 1 alone proves nothing: the
 mean-centred input can overstate the paper's cubic term by up to s³.
 
 The proof's technical lemma (A.3) needs a missing assumption on the logits of the residual part,
