@@ -1,12 +1,12 @@
 """Dong et al.'s (2021) rank-collapse bound, layer by layer, against what a real model does.
 
 Notation of Dong, Cordonnier & Loukas 2021 (arXiv:2103.03404): a head's SA(X) = P X W_V + 1 b_Vᵀ
-with P = softmax of the logits (X W_Q)(X W_K)ᵀ / sqrt(d_qk), W_QK = W_Q W_Kᵀ. In timm's ``Attention`` tokens are rows, so
-for head h: W_Q^h = Wq_hᵀ and W_K^h = Wk_hᵀ (C×d slices of ``qkv.weight``) and the output
-projection folds into the value matrix, W_h = W_V^h W_O^h = Wv_hᵀ (proj.weight[:, head h])ᵀ (C×C):
-multi-head SA(X) = Σ_h P_h X W_h + 1 bᵀ. Biases only add a constant row (b_V, b_O), or a
-term that depends on the key alone (b_Q), which joins the rank-1 part of the logits (Dong's r);
-b_K cancels in the softmax. None of them enters E or the bound.
+with P = softmax of the logits (X W_Q)(X W_K)ᵀ / sqrt(d_qk), W_QK = W_Q W_Kᵀ. In timm's
+``Attention`` tokens are rows, so for head h: W_Q^h = Wq_hᵀ and W_K^h = Wk_hᵀ (C×d slices of
+``qkv.weight``) and the output projection folds into the value matrix,
+W_h = W_V^h W_O^h = Wv_hᵀ (proj.weight[:, head h])ᵀ (C×C): multi-head SA(X) = Σ_h P_h X W_h + 1 bᵀ.
+Biases only add a constant row (b_V, b_O), or a term that depends on the key alone (b_Q), which
+joins the rank-1 part of the logits (Dong's r); b_K cancels in the softmax. None of them enters E or the bound.
 
 Their Thm 2.2/2.3 unrolls a per-layer cubic contraction::
 
