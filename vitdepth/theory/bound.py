@@ -6,7 +6,8 @@ with P = softmax of the logits (X W_Q)(X W_K)ᵀ / sqrt(d_qk), W_QK = W_Q W_Kᵀ
 ``qkv.weight``) and the output projection folds into the value matrix,
 W_h = W_V^h W_O^h = Wv_hᵀ (proj.weight[:, head h])ᵀ (C×C): multi-head SA(X) = Σ_h P_h X W_h + 1 bᵀ.
 Biases only add a constant row (b_V, b_O), or a term that depends on the key alone (b_Q), which
-joins the rank-1 part of the logits (Dong's r); b_K cancels in the softmax. None of them enters E or the bound.
+joins the rank-1 part of the logits (Dong's r); b_K cancels in the softmax. None of them enters
+E or the bound.
 
 Their Thm 2.2/2.3 unrolls a per-layer cubic contraction::
 
