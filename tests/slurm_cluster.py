@@ -130,6 +130,18 @@ def slurm_cluster(request: pytest.FixtureRequest):
     """Start a private cluster (4 CPUs, so several 1-CPU jobs and 2-task steps fit), yield a
     :class:`SlurmCluster`, stop it at the end of the session. Its directory (logs) is kept if a test
     failed."""
+    yield from _cluster(request, cpus=4, task_plugin="task/none")
+
+
+@pytest.fixture(scope="session")
+def slurm_binding_cluster(request: pytest.FixtureRequest):
+    """A second cluster that binds tasks to CPUs (task/affinity), so a step sees only the CPUs SLURM
+    gave it. It advertises only the machine's real CPUs: affinity masks cannot name cores that do
+    not exist."""
+    yield from _cluster(request, cpus=len(os.sched_getaffinity(0)), task_plugin="task/affinity")
+
+
+def _cluster(request: pytest.FixtureRequest, cpus: int, task_plugin: str):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -141,7 +153,8 @@ def slurm_cluster(request: pytest.FixtureRequest):
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(outer)},
         "VITDEPTH_SLURM_DIR": str(root),
-        "VITDEPTH_SLURM_CPUS": "4",
+        "VITDEPTH_SLURM_CPUS": str(cpus),
+        "VITDEPTH_SLURM_TASK_PLUGIN": task_plugin,
         "VITDEPTH_SLURM_CTLD_PORT": str(_free_port()),
         "VITDEPTH_SLURM_SLURMD_PORT": str(_free_port()),
     }

@@ -157,6 +157,28 @@ def test_cifar100_test_set_is_normalised_exactly(tmp_path, cifar_md5_off):
     assert y.tolist() == raw["fine_labels"][:8]
 
 
+@pytest.mark.parametrize(("policy", "op"), [("tv-cifar10", "AutoAugment"), ("original", "AutoAugment"),
+                                          ("v0r-mstd0.5", "AutoAugment"), ("rand-m9-mstd0.5-inc1", "RandAugment")])
+def test_cifar_takes_timm_and_torchvision_auto_augment_policies(tmp_path, cifar_md5_off, policy, op):
+    write_fake_cifar(tmp_path, hundred=False)
+    dm = ImageDataModule("cifar10", root=str(tmp_path), batch_size=8, auto_augment=policy)
+    dm.setup("fit")
+    ops = dm.train_set.transform.transforms
+    (augment,) = [t for t in ops if type(t).__name__ == op]
+    assert type(augment).__module__.startswith("torchvision" if policy.startswith("tv-") else "timm")
+    if op == "AutoAugment" and not policy.startswith("tv-"):  # the posterize cap reaches AutoAugment too
+        assert {a.magnitude_max for sub in augment.policy for a in sub} == {9.99}
+    x, _ = next(iter(dm.train_dataloader()))
+    assert x.shape == (8, 3, 32, 32) and torch.isfinite(x).all()
+
+
+@pytest.mark.parametrize(("dataset", "policy"), [("cifar10", "cifar10"), ("cifar10", "v1"),
+                                                 ("imagenet", "tv-imagenet"), ("digits", "original")])
+def test_unknown_or_misplaced_auto_augment_is_one_usage_line(tmp_path, dataset, policy):
+    with pytest.raises(UsageError, match=f"auto_augment={policy!r}"):
+        ImageDataModule(dataset, root=str(tmp_path), auto_augment=policy)
+
+
 @pytest.mark.parametrize("corrupt", [False, True])
 def test_cifar_missing_or_corrupt_is_one_usage_line(tmp_path, corrupt):
     if corrupt:

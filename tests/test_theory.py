@@ -9,9 +9,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from vitdepth.cli import main
 from vitdepth.collapse.measure import load_inputs
+from vitdepth.metrics import composite_norm, token_residual
 from vitdepth.models import build_vit
 from vitdepth.probe import attention_map
 from vitdepth.theory import bound_rows, head_matrices, lemma_a1_counterexample, logit_spread, path_terms
+from vitdepth.theory.bound import verdict
 from vitdepth.theory.paths import path_accuracy
 
 SMALL = dict(embed_dim=32, num_heads=2, patch_size=4, img_size=16, in_chans=1, num_classes=10)
@@ -51,8 +53,22 @@ def test_bound_is_at_least_the_measured_residual_on_a_6_layer_pure_model_where_a
     rows = bound_rows(small("pure", 6), load_inputs("digits", 8, 16), "pure:6", "init")
     assert [r["layer"] for r in rows] == list(range(1, 7))
     checked = [r for r in rows if not r["step_assumptions_failed"] and r["verdict"] != "floor"]
-    assert checked and all(r["verdict"] == "holds" and r["ratio"] <= 1 for r in checked)
+    assert checked and all(r["verdict"] == "holds" and r["ratio"] <= (2 * 16 / 17) ** -3 for r in checked)
     assert all(r["chain_assumptions_failed"].startswith("no layernorm") for r in rows)
+
+
+def test_mean_centring_overstates_any_centres_residual_by_at_most_s():
+    y = torch.randn(64, 17, 8, dtype=torch.float64) ** 3  # heavy-tailed tokens: the mean is a poor centre
+    centre = y.median(dim=1, keepdim=True).values
+    mean_res, other = composite_norm(token_residual(y)), composite_norm(y - centre)
+    s = 2 * (1 - 1 / 17)
+    assert (mean_res <= s * other).all() and (mean_res > other).any()
+
+
+def test_verdict_needs_ratio_below_one_over_s_cubed_to_say_holds():
+    s = 2 * (1 - 1 / 17)  # 1.882 for 17 tokens; 1/s³ = 0.14997
+    assert [verdict(r, 17) for r in (0.1, 0.1499, 0.1501, 1.0, s, 1.9, float("nan"))] == [
+        "holds", "holds", "inconclusive", "inconclusive", "inconclusive", "violated", "floor"]
 
 
 def test_gaussian_weights_break_lemma_a3s_spread_assumption():

@@ -15,6 +15,7 @@
 #   VITDEPTH_SLURM_CPUS=4            CPUs the node advertises (may exceed the real cores)
 #   VITDEPTH_SLURM_MEM=<MB>          default min(20000, MemTotal-2000); not enforced (CR_Core)
 #   VITDEPTH_SLURM_CRED_EXPIRE=5     also the delay before a requeued job may restart (s, min 5)
+#   VITDEPTH_SLURM_TASK_PLUGIN=task/none  task/affinity: bind tasks to CPUs (CPUS <= real cores)
 #   VITDEPTH_SLURM_CTLD_PORT=6817  VITDEPTH_SLURM_SLURMD_PORT=6818
 #   VITDEPTH_SLURM_KEEP_STATE=0      1: keep the job state of the previous start
 #   VITDEPTH_SLURM_INSTALL=1         0: fail instead of apt-get installing missing packages
@@ -29,6 +30,7 @@ MEMTOTAL_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 ))
 DEFMEM=$(( MEMTOTAL_MB - 2000 )); [ "$DEFMEM" -gt 20000 ] && DEFMEM=20000; [ "$DEFMEM" -lt 500 ] && DEFMEM=500
 MEM=${VITDEPTH_SLURM_MEM:-$DEFMEM}
 CRED_EXPIRE=${VITDEPTH_SLURM_CRED_EXPIRE:-5}
+TASK_PLUGIN=${VITDEPTH_SLURM_TASK_PLUGIN:-task/none}
 CTLD_PORT=${VITDEPTH_SLURM_CTLD_PORT:-6817}
 SLURMD_PORT=${VITDEPTH_SLURM_SLURMD_PORT:-6818}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -106,7 +108,7 @@ chown munge:munge "$KEY"; chmod 0400 "$KEY"
 # 4. slurm.conf from the template
 sed -e "s|@DIR@|$DIR|g" -e "s|@NODE@|$NODE|g" -e "s|@CTLD_HOST@|$CTLD_HOST|g" -e "s|@CPUS@|$CPUS|g" \
     -e "s|@MEM@|$MEM|g" -e "s|@CRED_EXPIRE@|$CRED_EXPIRE|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" \
-    -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" "$TEMPLATE" > "$CONF"
+    -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@TASK_PLUGIN@|$TASK_PLUGIN|g" "$TEMPLATE" > "$CONF"
 export SLURM_CONF=$CONF
 echo "export SLURM_CONF=$CONF" > "$DIR/env.sh"
 if [ "${VITDEPTH_SLURM_LINK_ETC:-0}" = 1 ] && [ ! -e /etc/slurm/slurm.conf ] && [ ! -L /etc/slurm/slurm.conf ]; then

@@ -19,7 +19,12 @@ from vitdepth.data.bundled import load_digits, load_mnist5k, stratified_split
 from vitdepth.data.idx import FASHION_MNIST, MNIST, load_idx
 from vitdepth.data.datasets import InMemoryImages, Transformed, class_dirs, synthetic_images
 from vitdepth.data.sampling import EpochSeededSampler, SeededSamples
-from vitdepth.data.transforms import TensorBatchTransform, cifar_transform, imagenet_transform
+from vitdepth.data.transforms import (
+    TensorBatchTransform,
+    check_auto_augment,
+    cifar_transform,
+    imagenet_transform,
+)
 from vitdepth.errors import UsageError, choice_error
 
 CIFAR_PAGE = "https://www.cs.toronto.edu/~kriz/cifar.html"
@@ -81,7 +86,9 @@ class ImageDataModule(pl.LightningDataModule):
             test on their official test sets; the bundled sets have none and test on validation.
         split_seed: seed of the held-out split and of synthetic data.
         augment: False gives eval transforms for training too.
-        auto_augment: a timm RandAugment string such as "rand-m9-mstd0.5-inc1" (CIFAR, ImageNet).
+        auto_augment: a timm RandAugment string ("rand-m9-mstd0.5-inc1") or AutoAugment policy
+            ("original", "v0r-mstd0.5", ...) for CIFAR and ImageNet, or torchvision's "tv-cifar10"
+            policy (CIFAR only; Lee et al. 2021's recipe).
         re_prob: probability of timm random erasing on training images.
         download: let torchvision fetch CIFAR in `prepare_data` (needs network).
         num_samples, num_classes, in_chans: shape of synthetic data; for real datasets they are
@@ -124,9 +131,10 @@ class ImageDataModule(pl.LightningDataModule):
         if not 0 <= self.val_fraction < 1 or (self.val_fraction == 0 and not zero_ok):
             raise UsageError(f"val_fraction={self.val_fraction} must be in {'[' if zero_ok else '('}0, 1) "
                              f"for dataset {hp.dataset!r}")
-        if hp.auto_augment and (kind in ("memory", "idx", "synthetic") or not hp.auto_augment.startswith("rand")):
-            raise UsageError(f"auto_augment={hp.auto_augment!r}: use a timm RandAugment string such as "
-                             "'rand-m9-mstd0.5-inc1', and only with cifar10, cifar100 or imagenet")
+        if hp.auto_augment and kind in ("memory", "idx", "synthetic"):
+            raise UsageError(f"auto_augment={hp.auto_augment!r} works only with cifar10, cifar100 or imagenet")
+        if hp.auto_augment:
+            check_auto_augment(hp.auto_augment, kind)
 
     def _data_classes(self) -> int | None:
         """The class count the data fixes; None for ImageNet until its train/ folder exists."""
@@ -144,7 +152,7 @@ class ImageDataModule(pl.LightningDataModule):
         return actual
 
     def prepare_data(self) -> None:
-        """Download CIFAR once per node (Lightning calls this on one process only)."""
+        """Download CIFAR once per node (Lightning calls this on local rank 0 of each node only)."""
         if self.hparams.download and self.spec.kind == "cifar":
             for train in (True, False):
                 try:

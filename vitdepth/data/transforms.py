@@ -5,9 +5,45 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from timm.data import create_transform
-from timm.data.auto_augment import RandAugment, rand_augment_transform
+from timm.data.auto_augment import AutoAugment, RandAugment, auto_augment_transform, rand_augment_transform
 from timm.data.random_erasing import RandomErasing
 from torchvision import transforms as T
+
+from vitdepth.errors import UsageError
+
+TIMM_AUTO_AUGMENT = ("original", "originalr", "v0", "v0r", "3a")  # timm's AutoAugment policy names
+TORCHVISION_AUTO_AUGMENT = {f"tv-{p.value}": p for p in T.AutoAugmentPolicy}  # tv-cifar10, tv-imagenet, tv-svhn
+
+
+def check_auto_augment(name: str, kind: str) -> None:
+    """Reject what neither timm nor torchvision would build, in one line, before any data is read.
+
+    timm strings (``rand-m9-mstd0.5-inc1``, ``original``, ``v0r-mstd0.5``, ...) work for CIFAR and
+    ImageNet; torchvision's policies (``tv-cifar10``: Cubuk et al. 2019's CIFAR-10 policy, the one
+    Lee et al. 2021 use) only for CIFAR, where the pipeline is ours rather than timm's.
+    """
+    policy = name.split("-")[0]
+    usable = policy.startswith("rand") or policy in TIMM_AUTO_AUGMENT or (
+        kind == "cifar" and name in TORCHVISION_AUTO_AUGMENT)
+    if usable:
+        try:
+            augment_op(name, 32, (0.5, 0.5, 0.5))
+            return
+        except (AssertionError, ValueError, KeyError):
+            pass
+    tv = f", or torchvision's {', '.join(TORCHVISION_AUTO_AUGMENT)} (CIFAR only)"
+    raise UsageError(f"auto_augment={name!r}: use a timm RandAugment string such as 'rand-m9-mstd0.5-inc1', "
+                     f"a timm AutoAugment policy ({', '.join(TIMM_AUTO_AUGMENT)}, optionally '-mstd0.5')"
+                     f"{tv}")
+
+
+def augment_op(name: str, native_size: int, mean: Sequence[float]):
+    """The PIL augmentation ``name`` names, with the hyperparameters timm's create_transform derives."""
+    if name in TORCHVISION_AUTO_AUGMENT:
+        return T.AutoAugment(TORCHVISION_AUTO_AUGMENT[name], fill=[round(255 * m) for m in mean])
+    hparams = {"translate_const": int(native_size * 0.45), "img_mean": tuple(round(255 * m) for m in mean)}
+    make = rand_augment_transform if name.startswith("rand") else auto_augment_transform
+    return make(name, hparams)
 
 
 class TensorBatchTransform:
@@ -52,14 +88,13 @@ def random_translate(images: torch.Tensor, pad: int) -> torch.Tensor:
 
 def cifar_transform(train: bool, img_size: int, native_size: int, mean: Sequence[float],
                     std: Sequence[float], auto_augment: str | None = None, re_prob: float = 0.0) -> T.Compose:
-    """The usual from-scratch CIFAR recipe: pad-4 random crop and flip, optional RandAugment and erasing."""
+    """The usual from-scratch CIFAR recipe: pad-4 random crop and flip, optional RandAugment or
+    AutoAugment (``augment_op``) and random erasing."""
     ops = []
     if train:
         ops += [T.RandomCrop(native_size, padding=4), T.RandomHorizontalFlip()]
         if auto_augment:
-            # the same hyperparameters timm's create_transform derives for RandAugment
-            hparams = {"translate_const": int(native_size * 0.45), "img_mean": tuple(round(255 * m) for m in mean)}
-            ops.append(rand_augment_transform(auto_augment, hparams))
+            ops.append(augment_op(auto_augment, native_size, mean))
     if img_size != native_size:
         ops.append(T.Resize(img_size, interpolation=T.InterpolationMode.BICUBIC, antialias=True))
     ops += [T.ToTensor(), T.Normalize(mean, std)]
@@ -70,9 +105,11 @@ def cifar_transform(train: bool, img_size: int, native_size: int, mean: Sequence
 
 def imagenet_transform(train: bool, img_size: int, mean: Sequence[float], std: Sequence[float],
                        auto_augment: str | None = None, re_prob: float = 0.0):
-    """timm's ImageNet pipeline: RandomResizedCrop and flip for training, resize and centre crop for eval."""
+    """timm's ImageNet pipeline: RandomResizedCrop and flip for training, resize and centre crop for
+    eval, bicubic as in DeiT (timm's default is bilinear)."""
     return posterize_safe(create_transform(img_size, is_training=train, auto_augment=auto_augment,
-                                           re_prob=re_prob, re_mode="pixel", mean=tuple(mean), std=tuple(std)))
+                                           interpolation="bicubic", re_prob=re_prob, re_mode="pixel",
+                                           mean=tuple(mean), std=tuple(std)))
 
 
 # Just below timm's top level of 10, at which its posterize asks PIL for 0 bits, which PIL >= 13 rejects
@@ -81,9 +118,11 @@ RAND_AUGMENT_MAGNITUDE_MAX = 9.99
 
 
 def posterize_safe(transform: T.Compose) -> T.Compose:
-    """Cap the magnitude of every RandAugment op in ``transform`` that has no cap of its own."""
+    """Cap the magnitude of every timm RandAugment or AutoAugment op in ``transform`` that has no
+    cap of its own (AutoAugment's fixed magnitudes reach 10 too once "mstd" adds noise)."""
     for op in transform.transforms:
-        if isinstance(op, RandAugment):
-            for augment in op.ops:
-                augment.magnitude_max = augment.magnitude_max or RAND_AUGMENT_MAGNITUDE_MAX
+        augments = op.ops if isinstance(op, RandAugment) else (
+            [a for sub in op.policy for a in sub] if isinstance(op, AutoAugment) else [])
+        for augment in augments:
+            augment.magnitude_max = augment.magnitude_max or RAND_AUGMENT_MAGNITUDE_MAX
     return transform

@@ -2,7 +2,7 @@
 
 Every function returns one value per sample, shape (B,): a batch is never flattened into one
 (B*N, C) matrix, because diversity between images would hide collapse within each image.
-Formulas: ../science.md §4 (Dong et al. 2021; Roy & Vetterli 2007; Gong et al. 2021).
+Formulas: Dong et al. 2021 (arXiv:2103.03404), Roy & Vetterli 2007 (effective rank), Gong et al. 2021 (arXiv:2104.12753).
 """
 
 from __future__ import annotations

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import torch
 from timm.layers import Attention
+from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
 from torch import Tensor, nn
+
+
+def softmax_map(logits: Tensor) -> Tensor:
+    """The plain attention map; kinds build on it by name (TorchScript compiles no ``super()``)."""
+    return logits.softmax(dim=-1)
 
 
 class MapAttention(Attention):
@@ -20,16 +26,19 @@ class MapAttention(Attention):
     """
 
     def mix(self, logits: Tensor) -> Tensor:
-        return logits.softmax(dim=-1)
+        return softmax_map(logits)
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b, n, _ = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         return self.q_norm(q), self.k_norm(k), v  # (B,H,N,d) each
 
-    def _map(self, q: Tensor, k: Tensor) -> Tensor:
-        # the same ops, in the same order, as timm's non-fused path, so equal maps are bit-identical
-        return self.mix((q * self.scale) @ k.transpose(-2, -1))  # (B,H,N,N)
+    def _map(self, q: Tensor, k: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        # the same ops, in the same order, as timm's non-fused path, so equal maps are bit-identical;
+        # a mask (bool or additive, or is_causal) joins the logits as there
+        logits = (q * self.scale) @ k.transpose(-2, -1)
+        logits = maybe_add_mask(logits, resolve_self_attn_mask(q.shape[-2], logits, attn_mask, is_causal))
+        return self.mix(logits)  # (B,H,N,N)
 
     def attention_map(self, x: Tensor) -> Tensor:
         """The map applied to the values of input x (B, N, C); (B, H, N, N)."""
@@ -37,11 +46,9 @@ class MapAttention(Attention):
         return self._map(q, k)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        if attn_mask is not None or is_causal:
-            raise NotImplementedError(f"{type(self).__name__} takes no attention mask (ViTs use none)")
         b, n, _ = x.shape
         q, k, v = self._qkv(x)
-        x = (self.attn_drop(self._map(q, k)) @ v).transpose(1, 2).reshape(b, n, -1)
+        x = (self.attn_drop(self._map(q, k, attn_mask, is_causal)) @ v).transpose(1, 2).reshape(b, n, -1)
         return self.proj_drop(self.proj(self.norm(x)))
 
 
@@ -58,7 +65,7 @@ class AttnScaleAttention(MapAttention):
         self.omega = nn.Parameter(torch.zeros(num_heads))
 
     def mix(self, logits: Tensor) -> Tensor:
-        a = super().mix(logits)
+        a = softmax_map(logits)
         return a + self.omega.view(-1, 1, 1) * (a - 1.0 / a.shape[-1])
 
 
@@ -77,7 +84,7 @@ class ReAttention(MapAttention):
         self.head_norm = nn.BatchNorm2d(num_heads)
 
     def mix(self, logits: Tensor) -> Tensor:
-        mixed = torch.einsum("bhij,hg->bgij", super().mix(logits), self.theta)  # head g = Σ_h Θ_hg A_h
+        mixed = torch.einsum("bhij,hg->bgij", softmax_map(logits), self.theta)  # head g = Σ_h Θ_hg A_h
         return self.head_norm(mixed)
 
 
@@ -94,7 +101,7 @@ class SinkhornAttention(MapAttention):
     two logsumexps over (B, H, N, N), kept for backward).
     """
 
-    iters: int = 5
+    iters = 5  # no annotation: TorchScript cannot resolve a postponed (string) 'int' on a class
 
     def mix(self, logits: Tensor) -> Tensor:
         log_a = logits.log_softmax(dim=-1)  # sweep 0: rows

@@ -69,7 +69,7 @@ class BranchScale(nn.Module):
     """A fixed, parameter-free factor on a residual branch: resscale's 1/sqrt(depth).
 
     Noci et al. 2022 scale residual branches with depth to avoid rank collapse at init; the exact
-    form of their scaling is unverified here (science.md §3.4), 1/sqrt(depth) is the usual reading.
+    form of their scaling is unverified here (Noci et al. 2022, arXiv:2206.03126); 1/sqrt(depth) is the usual reading.
     """
 
     def __init__(self, factor: float) -> None:

@@ -43,9 +43,10 @@ def vit_kwargs(
     if weight_init not in WEIGHT_INITS:
         raise choice_error("weight_init", weight_init, [repr(w) for w in WEIGHT_INITS])
     for name, value in [("depth", depth), ("embed_dim", embed_dim), ("num_heads", num_heads),
-                        ("patch_size", patch_size), ("img_size", img_size), ("in_chans", in_chans),
-                        ("num_classes", num_classes)]:
+                        ("patch_size", patch_size), ("img_size", img_size), ("in_chans", in_chans)]:
         check_positive_int(name, value)
+    if num_classes != 0:  # 0: no head, timm's convention for feature extractors
+        check_positive_int("num_classes", num_classes)
     if embed_dim % num_heads:
         divisors = [h for h in range(1, embed_dim + 1) if embed_dim % h == 0 and h <= 32]
         raise UsageError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}; "
@@ -113,8 +114,10 @@ def build_vit(
 
 
 def _cfg(img_size: int, mean, std, num_classes: int) -> dict:
+    """timm's ViT cfg keys. ``fixed_input_size``: the patch embedding rejects other sizes unless
+    the model is created with ``dynamic_img_size=True`` (as timm's own ``vit_*`` cfgs say)."""
     return {"input_size": (3, img_size, img_size), "num_classes": num_classes, "mean": mean, "std": std,
-            "crop_pct": 1.0 if img_size <= 64 else 0.9, "interpolation": "bicubic",
+            "crop_pct": 1.0 if img_size <= 64 else 0.9, "interpolation": "bicubic", "fixed_input_size": True,
             "first_conv": "patch_embed.proj", "classifier": "head", "license": "mit"}
 
 
@@ -130,8 +133,11 @@ def _create(name: str, pretrained: bool, defaults: dict, **overrides) -> VisionT
     args = {**defaults, **overrides}
     variant, depth = args.pop("variant", "full"), args.pop("depth")
     weight_init = args.get("weight_init", "")
+    out_indices = args.pop("out_indices", 3)  # features_only: the last 3 blocks, as timm's vit_* do
     kwargs = vit_kwargs(variant, depth, **args)
-    return _finish(build_model_with_cfg(VisionTransformer, name, pretrained, **kwargs), variant, weight_init)
+    model = build_model_with_cfg(VisionTransformer, name, pretrained,
+                                 feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **kwargs)
+    return _finish(model, variant, weight_init)
 
 
 _CIFAR = dict(patch_size=4, img_size=32, in_chans=3, num_classes=10)

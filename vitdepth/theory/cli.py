@@ -4,7 +4,8 @@
     vitdepth theory --run runs/<group>/<run_id> --out results/theory
 
 Writes bound.csv (one row per model, stage and layer), counterexample.csv, paths.csv (runs of an
-attention + skip variant without MLP), PNGs and summary.md. Formulas: ../shared/science.md §1–§2.
+attention + skip variant without MLP), PNGs and summary.md. Formulas: Dong, Cordonnier & Loukas
+2021 (arXiv:2103.03404), §2, and the docstrings of ``vitdepth.theory.bound`` and ``paths``.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ def summary_markdown(bound: list[dict], counter: dict, paths: list[dict], errors
            f"||D 1||_∞ ||R||_1 ||W_V||_1 = {counter['rhs']:g} (D = diag(2, 3), softmax(r) = [0.8, 0.2]ᵀ, "
            f"R = W_V = I): the claimed inequality {'holds' if counter['holds'] else 'fails'}.", "",
            "## One-step bound ||res(SA(X))|| <= c ||res(X)||³, c = 4γβH/√d_qk, γ = 1", "",
-           "ratio = max over images of measured / bound (= the γ the bound would need); verdicts: holds (<= 1), "
-           "undecided (<= 2(1 − 1/N), mean-centring slack), violated, floor (output residual below float64 "
-           "rounding). spread = max_{i,j,j'} (E_ij − E_ij'), E = R W_QK Rᵀ/√d_qk over (image, head) pairs.", ""]
+           "ratio = max over images of measured / bound (= the γ the bound would need); verdicts "
+           "(s = 2(1 − 1/N), the mean-centring slack): holds (<= 1/s³), inconclusive (<= s), violated (> s), "
+           "floor (output residual below float64 rounding). spread = max_{i,j,j'} (E_ij − E_ij'), E = R W_QK Rᵀ/√d_qk over (image, head) pairs.", ""]
     out.append(_table(
         ["model", "stage", "layer", "β", "r_in", "r_out", "bound", "ratio", "verdict", "failed assumptions",
          "spread > 1", "spread > 1.256", "max spread", "log10 chain bound", "log10 r_block"],
