@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from fakedata import write_fake_cifar, write_image_tree
+from fakedata import write_fake_cifar, write_fake_idx, write_image_tree
 from PIL import Image
 
 from vitdepth.data import DATASETS, ImageDataModule, load_digits, load_mnist5k, stratified_split
@@ -214,6 +214,7 @@ def test_imagenet_bad_folder(tmp_path, tree, message):
 
 
 def test_attributes_exist_before_setup(tmp_path):
+    write_fake_idx(tmp_path)  # the IDX datasets check their files when built
     for name, spec in DATASETS.items():
         dm = ImageDataModule(name, root=str(tmp_path))
         assert (dm.num_classes, dm.img_size, dm.in_chans) == (spec.num_classes, spec.img_size, spec.in_chans)
@@ -222,7 +223,7 @@ def test_attributes_exist_before_setup(tmp_path):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"dataset": "mnist"}, "unknown dataset 'mnist'; choose one of: digits, mnist5k, cifar10"),
+    ({"dataset": "svhn"}, "unknown dataset 'svhn'; choose one of: digits, mnist5k, fashion_mnist"),
     ({"dataset": "cifar10"}, "needs --data.root"),
     ({"dataset": "imagenet"}, "needs --data.root"),
     ({"val_fraction": 0.0}, "val_fraction=0.0"),
