@@ -39,9 +39,15 @@ def expected_key(column: str) -> str:
 
 
 def cell(text: str):
+    """A CSV cell as it should reach W&B: int, float, or text (the probe_dtype column)."""
     if text == "":
         return None
-    return int(text) if re.fullmatch(r"-?\d+", text) else float(text)
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def same(a, b) -> bool:
