@@ -98,8 +98,12 @@ class VitdepthCLI(LightningCLI):
         """Score the best checkpoint by validation accuracy on the test split, when validation did
         not already use it: the number a paper quotes, chosen without looking at the test set."""
         status = (read_status(self.identity.dir) or {}).get("status")
-        if status == "finished" and self.datamodule.has_test_split:
-            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
+        if status != "finished" or not self.datamodule.has_test_split:
+            return
+        if not self.trainer.checkpoint_callback.best_model_path:  # stopped before any validation
+            print("vitdepth: no validated checkpoint to score on the test split", file=sys.stderr)
+            return
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
 
     def before_validate(self) -> None:
         self._resume_path()
