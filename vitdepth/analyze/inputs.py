@@ -39,14 +39,13 @@ def data_module_images(
     from vitdepth.data.datamodules import ImageDataModule
 
     data_kwargs = {
-        "probe_size": n,
         **data_kwargs,
         "dataset": dataset,
         "img_size": target.size,
         "augment": False,
     }
     module = ImageDataModule(**data_kwargs)
-    images = module.probe_batch()[0][:n]
+    images = module.probe_batch(n)[0]  # the images a run's own n-image probe uses
     if (module.mean, module.std) != (target.mean, target.std) or module.in_chans != target.in_chans:
         pixels = images * _column(module.std) + _column(module.mean)
         images = _to_target(pixels, target)
