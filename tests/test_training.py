@@ -127,6 +127,35 @@ def test_wandb_mode_is_decided_before_init(monkeypatch):
     assert decide_wandb_mode("online") == "disabled"
 
 
+PARENT_HOLDS_THE_RUN_ID = """
+import subprocess, sys, wandb
+held = wandb.init(mode="offline", id="r0", project="p", dir=sys.argv[1])  # exports WANDB_SERVICE
+child = subprocess.run([sys.executable, "-c", sys.argv[2], sys.argv[1]], capture_output=True, text=True)
+held.finish()
+print(child.stderr[-1500:], file=sys.stderr)
+sys.exit(child.returncode)
+"""
+
+RUN_LOGS_THROUGH_ITS_OWN_SERVICE = """
+import sys
+from pathlib import Path
+from vitdepth.lit.loggers import wandb_logger
+logger = wandb_logger(Path(sys.argv[1]), "r0", "g", "n", [], {}, "offline")
+logger.experiment.log({"x": 1.0})
+logger.experiment.finish()
+"""
+
+
+def test_a_run_started_by_a_wandb_process_logs_through_its_own_service(tmp_path):
+    """A requeued SLURM job inherits the submitting shell's environment; when that process held a
+    W&B service where the run id is still open, wandb refused the id ("run ID ... is in use")."""
+    child = RUN_LOGS_THROUGH_ITS_OWN_SERVICE
+    done = subprocess.run([sys.executable, "-c", PARENT_HOLDS_THE_RUN_ID, str(tmp_path), child],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(list(tmp_path.glob("wandb/offline-run-*-r0"))) == 2
+
+
 def test_ddp_two_cpu_processes_log_once(tmp_path):
     args = fit_args(tmp_path, "--trainer.max_epochs", "1", "--trainer.strategy", "ddp", "--trainer.devices", "2")
     env = {**os.environ, "WANDB_MODE": "offline"}

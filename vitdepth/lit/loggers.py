@@ -101,10 +101,25 @@ class RunWandbLogger(WandbLogger):
         super().log_metrics({wandb_key(k): v for k, v in metrics.items()}, step)
 
 
+def forget_inherited_wandb_service() -> None:
+    """Make this process start its own W&B service instead of sharing its parent's.
+
+    wandb exports its service's socket in ``WANDB_SERVICE`` (``<version>-<pid>-unix-<path>``,
+    wandb/sdk/lib/service/service_token.py) so that child processes log through it. A run
+    started by a process that used wandb (a notebook, a test session, the shell of a SLURM
+    submission) would then log through the parent's service, where a killed start's run id
+    stays open, and the requeued start fails with "run ID ... is in use".
+    """
+    token = os.environ.get("WANDB_SERVICE", "")
+    if token and token.split("-")[1:2] != [str(os.getpid())]:
+        del os.environ["WANDB_SERVICE"]
+
+
 def wandb_logger(run_dir: Path, run_id: str, group: str, name: str, tags: list[str], config: dict, mode: str):
     """A WandbLogger for one run directory, or None when W&B is disabled."""
     if mode == "disabled":
         return None
+    forget_inherited_wandb_service()
     os.environ["WANDB_MODE"] = mode
     os.environ.setdefault("WANDB_SILENT", "true")
     return RunWandbLogger(project=default_project(), save_dir=str(run_dir), id=run_id,
