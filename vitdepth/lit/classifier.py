@@ -85,8 +85,9 @@ class ViTClassifier(LightningModule):
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
         self.test_acc1 = self.val_acc1.clone()
         self.test_acc5 = self.val_acc5.clone()
-        # Not a submodule: checkpoints keep the eager model's keys, and probes use self.model.
-        self._train_forward = torch.compile(self.model) if compile else self.model
+        # Set past nn.Module's registration: the state dict holds `model.*` only, so a compiled run's
+        # checkpoint loads into an eager model and back; probes use self.model.
+        object.__setattr__(self, "_train_forward", torch.compile(self.model) if compile else self.model)
         self.divergence = DivergenceWatch()
         self._epoch_images, self._epoch_start, self._last_batch_end = 0, time.perf_counter(), None  # a mid-epoch resume skips on_train_epoch_start
 
@@ -199,7 +200,28 @@ class ViTClassifier(LightningModule):
         scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=epochs,
                                            warmup_epochs=h.warmup_epochs, warmup_lr=h.min_lr, min_lr=h.min_lr,
                                            step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+        self._check_resumed_schedule(scheduler.t_initial)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Note the checkpoint's schedule length (``configure_optimizers`` checks it) and drop the
+        duplicate ``_train_forward.*`` weights that vitdepth 0.1.0 checkpoints carry."""
+        schedulers = checkpoint.get("lr_schedulers") or [{}]
+        self.restored_updates = schedulers[0].get("t_initial")
+        state = checkpoint["state_dict"]
+        for key in [k for k in state if k.startswith("_train_forward.")]:
+            del state[key]
+
+    def _check_resumed_schedule(self, updates: int) -> None:
+        """Refuse a resume whose schedule has another length: timm's scheduler would restore the
+        checkpoint's ``t_initial`` and end the cosine at the wrong epoch (e.g. when the number of
+        updates per epoch changed with the topology). Runs before any state is restored or written."""
+        restored = getattr(self, "restored_updates", None)
+        if restored is not None and restored != updates:
+            raise UsageError(f"the checkpoint's lr schedule spans {restored} updates but this run makes "
+                             f"{updates}: resume with the data, batch and topology it started with, "
+                             "or start a new run")
 
     @override
     def lr_scheduler_step(self, scheduler, metric) -> None:
