@@ -28,7 +28,10 @@ from vitdepth.lit.run import (
     BestAndLastCheckpoint,
     RunIdentity,
     RunRecorder,
+    check_world_size,
+    global_batch,
     newest_checkpoint,
+    scaled_lr,
 )
 from vitdepth.provenance import library_versions
 from vitdepth.rundir import CHECKPOINTS, read_status
@@ -51,16 +54,32 @@ class VitdepthCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--run_root", default="runs", help="parent of runs/<group>/<run_id>/")
         parser.add_argument("--wandb_mode", default="auto", help=f"one of {WANDB_MODES}; WANDB_MODE wins")
+        parser.add_argument("--lr_base_batch", type=int | None, default=None,
+                            help="linear scaling: model.lr is the lr at this global batch (DeiT: 512)")
         parser.add_lightning_class_args(RankCollapseCallback, "rank_collapse")
         for fact in ("num_classes", "img_size", "in_chans"):
             parser.link_arguments(f"data.{fact}", f"model.{fact}", apply_on="instantiate")
 
     @override
     def before_instantiate_classes(self) -> None:
+        self._scale_lr()
         config = self.config[self.subcommand].as_dict()
         self.identity = RunIdentity(config, config.get("run_root", "runs"))
         if self.resolve_only:
             raise _Resolved(self.identity)
+
+    def _scale_lr(self) -> None:
+        """Apply ``--lr_base_batch`` to ``model.lr`` and clear it, so the saved config.yaml holds the lr
+        that ran and rerunning it does not scale twice."""
+        config = self.config[self.subcommand]
+        if config.get("lr_base_batch") is None:
+            return
+        if config.lr_base_batch < 1:
+            raise UsageError(f"--lr_base_batch must be a positive batch size, got {config.lr_base_batch}")
+        lr = scaled_lr(config.as_dict())
+        print(f"vitdepth: lr {config.model.lr:g} at batch {config.lr_base_batch} -> {lr:g} at global batch "
+              f"{global_batch(config.as_dict())} (--lr_base_batch)", file=sys.stderr)
+        config.model.lr, config.lr_base_batch = lr, None
 
     @override
     def instantiate_trainer(self, **kwargs):
@@ -80,7 +99,9 @@ class VitdepthCLI(LightningCLI):
         kwargs.update(default_root_dir=str(identity.dir), logger=loggers,
                       callbacks=[*callbacks, *(user_callbacks if isinstance(user_callbacks, list) else [user_callbacks])],
                       plugins=[AtomicCheckpointIO(), *filter(None, [slurm_environment()])])
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        check_world_size(trainer, identity)
+        return trainer
 
     def _resume_path(self) -> None:
         """Rerunning the same command continues from the run directory's newest complete checkpoint."""

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -23,22 +24,81 @@ from vitdepth.provenance import hardware, library_versions
 from vitdepth.rundir import CHECKPOINTS, RUN_JSON, atomic_write_json, read_status, run_id, write_status
 from vitdepth.wandb_view.keys import run_name, run_tags
 
-# Keys that change where or how a run executes, not what it computes.
+# Keys that change where or how a run executes, not what it computes. The topology (devices, nodes)
+# enters the identity only through the global batch (experiment_config).
 RUNTIME_KEYS = {
     "trainer": {"default_root_dir", "logger", "devices", "num_nodes", "accelerator", "strategy", "callbacks",
                 "plugins", "enable_progress_bar", "enable_model_summary", "log_every_n_steps"},
     "data": {"root", "num_workers", "download"},
-    None: {"config", "run_root", "wandb_mode", "ckpt_path", "rank_collapse", "print_config", "seed_everything"},
+    # lr_base_batch is applied to model.lr before hashing (scaled_lr), so the identity sees its effect
+    None: {"config", "run_root", "wandb_mode", "ckpt_path", "rank_collapse", "print_config", "seed_everything",
+           "lr_base_batch"},
 }
 
 
 def experiment_config(config: dict) -> dict:
-    """The config without runtime-only keys: what makes two runs the same experiment."""
+    """The config as one experiment: runtime-only keys dropped, the batch as the global batch.
+
+    ``data.batch_size`` is per process and ``accumulate_grad_batches`` multiplies it, so the identity
+    holds their product with the world size (``global_batch``) and accumulation 1: 4 GPUs × 128 and
+    8 × 128 are two experiments; 8 × 64 and 4 × 128 are one, and resume each other.
+    ``model.compile`` changes how the forward runs, not what it computes: it is hashed as False,
+    as every earlier version hashed it, so compiled and eager runs resume each other and no
+    existing run is renamed (the same holds for a single process without accumulation).
+    """
     kept = {k: v for k, v in config.items() if k not in RUNTIME_KEYS[None]}
     for section in ("trainer", "data"):
         if isinstance(kept.get(section), dict):
             kept[section] = {k: v for k, v in kept[section].items() if k not in RUNTIME_KEYS[section]}
+    if isinstance(kept.get("model"), dict) and "compile" in kept["model"]:
+        kept["model"] = {**kept["model"], "compile": False}
+    if isinstance(kept.get("data"), dict) and "batch_size" in kept["data"]:
+        kept["data"]["batch_size"] = global_batch(config)
+        if "accumulate_grad_batches" in kept.get("trainer", {}):
+            kept["trainer"]["accumulate_grad_batches"] = 1
     return kept
+
+
+def global_batch(config: dict) -> int:
+    """Images per optimizer update: per-process batch × processes × gradient accumulation."""
+    trainer = config.get("trainer") or {}
+    accumulate = int(trainer.get("accumulate_grad_batches") or 1)
+    return int(config["data"]["batch_size"]) * world_size(trainer) * accumulate
+
+
+def world_size(trainer: dict) -> int:
+    """Training processes of a Trainer config: devices per node × nodes.
+
+    ``devices="auto"`` (and -1) is resolved as Lightning does: every visible GPU when the accelerator
+    is a GPU (or "auto" with CUDA available), else one CPU process. The fit checks this against the
+    Trainer's own ``world_size`` (``check_world_size``).
+    """
+    devices, accelerator = trainer.get("devices", "auto"), trainer.get("accelerator", "auto")
+    gpu = accelerator in ("gpu", "cuda") or (accelerator in ("auto", None) and torch.cuda.is_available())
+    if devices in ("auto", -1, "-1", None):
+        per_node = torch.cuda.device_count() if gpu else 1
+    elif isinstance(devices, (list, tuple)):
+        per_node = len(devices)
+    elif isinstance(devices, str) and "," in devices:
+        per_node = len([d for d in devices.split(",") if d.strip()])
+    else:
+        per_node = int(devices)
+    return per_node * int(trainer.get("num_nodes") or 1)
+
+
+def check_world_size(trainer: pl.Trainer, identity: RunIdentity) -> None:
+    """The run id was hashed with ``identity.world_size`` processes; train with exactly that many."""
+    if trainer.world_size != identity.world_size:
+        raise UsageError(f"the run id assumed {identity.world_size} training processes but the Trainer has "
+                         f"{trainer.world_size}; set --trainer.devices and --trainer.num_nodes explicitly")
+
+
+def scaled_lr(config: dict) -> float:
+    """``model.lr`` × global batch / ``lr_base_batch`` (the linear scaling rule of Goyal et al. 2017,
+    arXiv:1706.02677, as DeiT uses with base 512), or ``model.lr`` when ``lr_base_batch`` is unset."""
+    base = config.get("lr_base_batch")
+    lr = float(config["model"]["lr"])
+    return lr * global_batch(config) / int(base) if base else lr
 
 
 class RunIdentity:
@@ -47,6 +107,7 @@ class RunIdentity:
     def __init__(self, config: dict, root: str | os.PathLike = "runs") -> None:
         model, data = config["model"], config["data"]
         self.seed = int(config["seed_everything"])
+        self.world_size = world_size(config.get("trainer") or {})
         experiment = experiment_config(config)
         self.run_id = run_id(experiment, self.seed)
         without_depth = {**experiment, "model": {k: v for k, v in model.items() if k != "depth"}}
@@ -58,7 +119,10 @@ class RunIdentity:
                       **{k: model[k] for k in ("variant", "depth", "embed_dim", "num_heads", "patch_size",
                                                "weight_init", "norm")},
                       "precision": str(config["trainer"].get("precision")),
-                      "max_epochs": config["trainer"].get("max_epochs")}
+                      "max_epochs": config["trainer"].get("max_epochs"),
+                      "global_batch": global_batch(config), "batch_size_per_process": data["batch_size"],
+                      "world_size": self.world_size, "num_nodes": int(config["trainer"].get("num_nodes") or 1),
+                      "accumulate_grad_batches": int(config["trainer"].get("accumulate_grad_batches") or 1)}
 
 
 def newest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -146,6 +210,7 @@ class RunRecorder(Callback):
                      "flops_per_image": pl_module.flops_per_image(),
                      "command": shlex.join(["vitdepth", *sys.argv[1:]]),
                      "versions": library_versions(), "hardware": hardware(),
+                     **_accelerator_facts(trainer),
                      "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
             atomic_write_json(self.identity.dir / RUN_JSON, facts)
             for logger in trainer.loggers:
@@ -173,11 +238,22 @@ class RunRecorder(Callback):
         if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
             self._status(trainer, "running", "interrupted; rerun the same command to resume")
             return
+        if isinstance(exception, UsageError):  # refused before training: the run is as it was
+            return
         message = str(exception).strip().splitlines()
         try:
             self._status(trainer, "failed", f"{type(exception).__name__}: {message[0] if message else ''}")
         except UsageError:  # the disk is full: status.json keeps its last state; the error says why
             pass
+
+
+def _accelerator_facts(trainer: pl.Trainer) -> dict:
+    """What the run trained on, beyond the host: accelerator, strategy, GPU model, CUDA version."""
+    device = trainer.strategy.root_device
+    cuda = device.type == "cuda"
+    return {"accelerator": type(trainer.accelerator).__name__, "strategy": type(trainer.strategy).__name__,
+            "gpu": torch.cuda.get_device_name(device) if cuda else None,
+            "cuda": torch.version.cuda if cuda else None}
 
 
 def _callback_facts(trainer: pl.Trainer) -> dict:

@@ -1,0 +1,99 @@
+"""A run's identity across topologies (issue 12, items 5 and 6): the global batch is the experiment,
+the process layout is not; compiled and eager runs are one run; a resume keeps its schedule or stops."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitdepth.cli import main
+from vitdepth.lit.classifier import ViTClassifier
+from vitdepth.lit.cli import resolve_run
+from vitdepth.rundir import RUN_JSON, read_status
+
+pytestmark = pytest.mark.usefixtures("no_wandb_settings")
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--model.embed_dim", "16", "--model.num_heads", "2", "--model.depth", "1",
+        "--rank_collapse.every_n_epochs", "0", "--rank_collapse.probe_size", "16",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def fit_args(root, *extra):
+    return ["fit", "--config", "configs/digits.yaml", "--run_root", str(root), *TINY, *extra]
+
+
+def run_id(*extra):
+    return resolve_run(fit_args("runs", *extra)).run_id
+
+
+def test_the_global_batch_is_the_identity_and_the_process_layout_is_not():
+    one = run_id("--data.batch_size", "64")
+    assert run_id("--data.batch_size", "32", "--trainer.devices", "2") == one
+    assert run_id("--data.batch_size", "32", "--trainer.accumulate_grad_batches", "2") == one
+    assert run_id("--data.batch_size", "16", "--trainer.devices", "2", "--trainer.num_nodes", "2") == one
+    assert run_id("--data.batch_size", "64", "--trainer.devices", "2") != one  # 128 per update
+    assert run_id("--data.batch_size", "64", "--trainer.num_nodes", "2") != one
+
+
+def test_linear_scaling_sets_the_lr_that_runs_and_is_hashed_through_it(tmp_path, capsys):
+    assert run_id("--model.lr", "0.002", "--lr_base_batch", "32") == run_id("--model.lr", "0.004")
+    assert run_id("--model.lr", "0.002", "--lr_base_batch", "64") == run_id("--model.lr", "0.002")
+    args = fit_args(tmp_path, "--model.lr", "0.002", "--lr_base_batch", "32", "--trainer.max_epochs", "1")
+    assert main(args) == 0
+    assert "lr 0.002 at batch 32 -> 0.004 at global batch 64" in capsys.readouterr().err
+    saved = (resolve_run(args).dir / "config.yaml").read_text()
+    assert "lr: 0.004" in saved and "lr_base_batch: null" in saved  # rerunning it does not scale twice
+    assert main(fit_args(tmp_path, "--lr_base_batch", "0")) == 2
+
+
+def test_a_compiled_runs_weights_load_strictly_into_an_eager_model():
+    torch.manual_seed(0)
+    compiled = ViTClassifier(depth=1, embed_dim=16, num_heads=2, compile=True)
+    eager = ViTClassifier(depth=1, embed_dim=16, num_heads=2)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    assert all(key.startswith("model.") for key in eager.state_dict())
+    eager.load_state_dict(compiled.state_dict(), strict=True)
+    assert run_id("--model.compile", "true") == run_id()
+
+
+def test_a_checkpoint_with_the_old_duplicate_weights_still_loads():
+    """vitdepth 0.1.0 registered the training forward as a submodule: its weights twice."""
+    old = ViTClassifier(depth=1, embed_dim=16, num_heads=2)
+    state = old.state_dict()
+    state.update({"_train_forward." + k.removeprefix("model."): v for k, v in list(state.items())})
+    checkpoint = {"state_dict": state}
+    fresh = ViTClassifier(depth=1, embed_dim=16, num_heads=2)
+    fresh.on_load_checkpoint(checkpoint)
+    fresh.load_state_dict(checkpoint["state_dict"], strict=True)
+    assert torch.equal(fresh.model.pos_embed, old.model.pos_embed)
+
+
+def test_a_resume_whose_schedule_changed_is_refused_and_the_run_is_untouched(tmp_path, capsys):
+    first = fit_args(tmp_path, "--trainer.max_epochs", "1")
+    assert main(first) == 0
+    checkpoint = resolve_run(first).dir / "checkpoints" / "last.ckpt"
+    longer = fit_args(tmp_path, "--trainer.max_epochs", "2", "--ckpt_path", str(checkpoint))
+    assert main(longer) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("vitdepth: error: the checkpoint's lr schedule spans")
+    assert read_status(resolve_run(longer).dir) is None  # nothing recorded as failed
+    assert read_status(resolve_run(first).dir)["status"] == "finished"
+
+
+def test_a_two_process_run_records_its_topology_and_shares_the_id_of_its_global_batch(tmp_path):
+    args = fit_args(tmp_path, "--data.batch_size", "32", "--trainer.max_epochs", "1",
+                    "--trainer.strategy", "ddp", "--trainer.devices", "2")
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "vitdepth", *args], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = resolve_run(args).dir
+    assert run_dir.name == run_id("--data.batch_size", "64", "--trainer.max_epochs", "1")
+    facts = json.loads((run_dir / RUN_JSON).read_text())
+    assert (facts["world_size"], facts["global_batch"], facts["batch_size_per_process"]) == (2, 64, 32)
+    assert (facts["accelerator"], facts["strategy"], facts["gpu"]) == ("CPUAccelerator", "DDPStrategy", None)
