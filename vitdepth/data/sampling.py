@@ -39,7 +39,9 @@ class EpochSeededSampler(Sampler[int]):
     """Shuffles by (seed, epoch); yields keys ``epoch * size + index`` for :class:`SeededSamples`.
 
     Lightning calls ``set_epoch`` before every epoch, also after a restart. Under DDP, Lightning wraps
-    this sampler in a ``DistributedSamplerWrapper``, which shards the keys.
+    this sampler in a ``DistributedSamplerWrapper``, which shards the keys and forwards ``set_epoch``
+    only since Lightning 2.6.1; ``Preemption`` sets the epoch itself through ``epoch_sampler``, so
+    augmentation changes every epoch whatever wraps the sampler.
     """
 
     def __init__(self, size: int, seed: int) -> None:
@@ -60,6 +62,19 @@ class EpochSeededSampler(Sampler[int]):
         order = torch.randperm(self.size, generator=torch.Generator().manual_seed(epoch_seed))
         start, self.skip = self.skip, 0
         return iter((order[start:] + self.epoch * self.size).tolist())
+
+
+def epoch_sampler(loader) -> EpochSeededSampler | None:
+    """The :class:`EpochSeededSampler` inside a data loader, under any wrapper: a batch sampler keeps
+    it as ``.sampler``, Lightning's ``DistributedSamplerWrapper`` as ``.dataset._sampler``."""
+    pending = [getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)]
+    for _ in range(8):  # wrappers nest a few levels at most
+        found = [s for s in pending if isinstance(s, EpochSeededSampler)]
+        if found:
+            return found[0]
+        pending = [inner for s in pending if s is not None
+                   for inner in (getattr(s, "sampler", None), getattr(getattr(s, "dataset", None), "_sampler", None))]
+    return None
 
 
 class SeededSamples(Dataset):

@@ -28,7 +28,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from vitdepth import early_signals
-from vitdepth.data.sampling import EpochSeededSampler, reseed_for_step
+from vitdepth.data.sampling import EpochSeededSampler, epoch_sampler, reseed_for_step
 from vitdepth.sweep.lock import slurm_task
 
 
@@ -81,6 +81,14 @@ class Preemption(Callback):
         else:
             rank_zero_warn(f"resumed {done} batches into epoch {trainer.current_epoch}; this loader cannot skip "
                            "them, so the resumed epoch draws its batches from the start of its order")
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Give the sampler its epoch before the epoch's iterator is made: Lightning's DDP wrapper
+        did not pass ``set_epoch`` on before 2.6.1, which froze augmentation at epoch 0's."""
+        sampler = epoch_sampler(trainer.train_dataloader)
+        if sampler is not None:
+            sampler.set_epoch(trainer.current_epoch)
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx: int) -> None:
