@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitdepth.data.bundled import load_digits, load_mnist5k, stratified_split
-from vitdepth.data.idx import FASHION_MNIST, MNIST, load_idx
 from vitdepth.data.datasets import InMemoryImages, Transformed, class_dirs, synthetic_images
+from vitdepth.data.idx import FASHION_MNIST, MNIST, load_idx
 from vitdepth.data.sampling import EpochSeededSampler, SeededSamples
 from vitdepth.data.transforms import (
     TensorBatchTransform,
