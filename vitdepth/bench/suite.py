@@ -26,11 +26,11 @@ def log(message: str) -> None:
 
 
 def training_data(plan: Plan, root: Path):
-    """The data both loops train from: the synthetic data module (CPU), or the GPU-resident path."""
+    """The data both loops train from: the synthetic data module (CPU), or fake CIFAR-10 on the GPU."""
     probe_images = 5 * plan.probe_size  # the validation fifth must hold one probe batch
     if plan.resident_data:
-        resident = loaders.resident_loader(plan, plan.epoch_images)
-        data = loaders.ResidentData(resident, num_samples=probe_images, probe_size=plan.probe_size)
+        loaders.write_fake_cifar10(root, max(plan.cifar_per_batch, probe_images // 5))
+        data = loaders.data_module("cifar10", plan, root, 0, probe_size=plan.probe_size, on_device=True)
     else:
         per_fit = plan.warmup + plan.calls + 1
         data = loaders.data_module("synthetic", plan, root, per_fit, probe_size=plan.probe_size,
@@ -136,7 +136,8 @@ def profile_misses(plan: Plan, results: dict, data, root: Path) -> dict:
                                                 f"{plan.train.label()})",
                                        **profiling.top_ops(_probe_workload(plan), plan.device)}],
         "metrics_s_d12_b256": lambda: _metrics_profiles(plan),
-        "loader_over_step": lambda: [_loader_profile(plan, results, root)],
+        "loader_over_step": lambda: [_loader_profile(plan, results["d"]["limited_by"], root)],
+        "device_loader_over_pil_per_core": lambda: [_loader_profile(plan, loaders.ON_DEVICE, root)],
         "flop_fraction": lambda: [_step_profile(plan, "ours")],
         "mfu_bf16_compile": lambda: [_step_profile(plan, "ours", compile=True)],
     }
@@ -188,12 +189,9 @@ def _probe_workload(plan: Plan):
     return lambda: probe_metrics(model, images)
 
 
-def _loader_profile(plan: Plan, results: dict, root: Path) -> dict:
-    label = results["d"]["limited_by"]
-    if label.startswith("resident"):
-        loader = loaders.resident_loader(plan, plan.train.batch_size * 4)
-    else:
-        loader = loaders.data_module(label, plan, root, 4).train_dataloader()
+def _loader_profile(plan: Plan, label: str, root: Path) -> dict:
+    device = label.startswith(loaders.ON_DEVICE)
+    loader = loaders.data_module("cifar10" if device else label, plan, root, 4, on_device=device).train_dataloader()
 
     def one_pass() -> None:
         for i, _ in enumerate(loader):

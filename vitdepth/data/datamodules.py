@@ -7,6 +7,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytorch_lightning as pl
 import torch
@@ -17,9 +18,12 @@ from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitdepth.data.bundled import load_digits, load_mnist5k, stratified_split
 from vitdepth.data.datasets import InMemoryImages, Transformed, class_dirs, synthetic_images
+from vitdepth.data.device_augment import check_device_policy, device_policy
 from vitdepth.data.idx import FASHION_MNIST, MNIST, load_idx
+from vitdepth.data.resident import ResidentImages, fits_on, whole_batch
 from vitdepth.data.sampling import EpochSeededSampler, SeededSamples
 from vitdepth.data.transforms import (
+    CIFAR_PAD,
     TensorBatchTransform,
     check_auto_augment,
     cifar_transform,
@@ -48,7 +52,7 @@ class DatasetSpec:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     source: Callable | None = None
-    pad: int = 0  # margin of the random translation used to augment in-memory data
+    pad: int = 0  # margin of the random translation (crop of the zero-padded image) in training
     val_fraction: float = 0.2
 
 
@@ -60,8 +64,10 @@ DATASETS = {
     "fashion_mnist": DatasetSpec("idx", 10, 28, 1, (0.2860,), (0.3530,), FASHION_MNIST, pad=2,
                                  val_fraction=0.1),
     "mnist": DatasetSpec("idx", 10, 28, 1, (0.1307,), (0.3081,), MNIST, pad=2, val_fraction=0.1),
-    "cifar10": DatasetSpec("cifar", 10, 32, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10),
-    "cifar100": DatasetSpec("cifar", 100, 32, 3, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100),
+    "cifar10": DatasetSpec("cifar", 10, 32, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10,
+                           pad=CIFAR_PAD),
+    "cifar100": DatasetSpec("cifar", 100, 32, 3, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100,
+                            pad=CIFAR_PAD),
     "imagenet": DatasetSpec("imagenet", 1000, 224, 3, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
     # uniform bytes: mean 0.5 and std 0.289 after scaling to 0..1
     "synthetic": DatasetSpec("synthetic", 10, 32, 3, (0.5,), (0.289,)),
@@ -94,6 +100,9 @@ class ImageDataModule(pl.LightningDataModule):
         num_samples, num_classes, in_chans: shape of synthetic data; for real datasets they are
             read from the data and, if given, must match it.
         probe_size: images in `probe_batch()`.
+        on_device: keep the decoded training set on the training device and augment each batch there
+            (`vitdepth.data.resident`): True, False, or "auto" (on for a GPU that the set fits on and
+            whose `auto_augment` has a device version). Not for ImageNet, which is read from files.
     """
 
     def __init__(self, dataset: str = "digits", root: str | None = None, img_size: int | None = None,
@@ -101,7 +110,8 @@ class ImageDataModule(pl.LightningDataModule):
                  split_seed: int = 0,
                  augment: bool = True, auto_augment: str | None = None, re_prob: float = 0.0,
                  download: bool = False, num_samples: int = 1024, num_classes: int | None = None,
-                 in_chans: int | None = None, probe_size: int = 256):
+                 in_chans: int | None = None, probe_size: int = 256,
+                 on_device: bool | Literal["auto"] = "auto"):
         super().__init__()
         # Not sent to loggers: config.yaml holds them, and unresolved None shapes would clash with the
         # model's linked values in Lightning's hparams merge.
@@ -121,6 +131,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.std = _per_channel(spec.std, self.in_chans)
         self.train_set = self.val_set = self.test_set = None
         self._probe: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._resident: ResidentImages | None = None
 
     def _check_options(self) -> None:
         """Reject bad combinations here, so the user sees one line before anything is loaded."""
@@ -135,6 +146,10 @@ class ImageDataModule(pl.LightningDataModule):
             raise UsageError(f"auto_augment={hp.auto_augment!r} works only with cifar10, cifar100 or imagenet")
         if hp.auto_augment:
             check_auto_augment(hp.auto_augment, kind)
+        if hp.on_device is True and kind == "imagenet":
+            raise UsageError("on_device=true needs a data set decoded into memory; imagenet is read from files")
+        if hp.on_device is True and hp.auto_augment and hp.augment:
+            check_device_policy(hp.auto_augment)
 
     def _data_classes(self) -> int | None:
         """The class count the data fixes; None for ImageNet until its train/ folder exists."""
@@ -249,7 +264,57 @@ class ImageDataModule(pl.LightningDataModule):
         return self.test_set is not self.val_set
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
+        device = self.train_device()
+        if device is None:
+            return self._loader(self.train_set, train=True)
+        if self._resident is None or self._resident.device != device:
+            self._resident = self._resident_set(device)
+        return self._loader(self._resident, train=True)
+
+    def train_device(self) -> torch.device | None:
+        """The device the training set lives on with `on_device`, or None for the host loader.
+
+        The training device is the trainer's (each DDP rank's own); outside a trainer, the GPU
+        if torch sees one, else the CPU.
+        """
+        hp, kind = self.hparams, self.spec.kind
+        if hp.on_device is False or kind == "imagenet":
+            return None
+        if self.trainer is not None:
+            device = self.trainer.strategy.root_device
+        else:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if hp.on_device is True:
+            return device
+        if device.type != "cuda":
+            return None
+        self.setup("fit")
+        n, c, h, w = self._train_tensors()[0].shape
+        fits = fits_on(device, n * c * (h + 2 * self.spec.pad) * (w + 2 * self.spec.pad))
+        try:
+            usable = not (hp.augment and hp.auto_augment) or bool(device_policy(hp.auto_augment))
+        except UsageError:  # no device version of the policy, or Kornia missing
+            usable = False
+        return device if fits and usable else None
+
+    def _train_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoded set the training split reads: uint8 images (N,C,H,W), labels, training rows."""
+        train = self.train_set
+        if isinstance(train, InMemoryImages):
+            return train.images, train.labels, train.indices
+        cifar = train.dataset  # a torchvision CIFAR: (N,H,W,C) uint8 array and a list of labels
+        rows = torch.arange(len(cifar)) if train.indices is None else train.indices
+        return torch.from_numpy(cifar.data).permute(0, 3, 1, 2), torch.tensor(cifar.targets), rows
+
+    def _resident_set(self, device: torch.device) -> ResidentImages:
+        hp = self.hparams
+        self.setup("fit")
+        policy = device_policy(hp.auto_augment) if hp.augment and hp.auto_augment else None
+        transform = TensorBatchTransform(self.mean, self.std, self.img_size, re_prob=hp.re_prob if hp.augment else 0,
+                                         policy=policy, device=device)
+        pad = self.spec.pad if hp.augment else 0
+        flip = hp.augment and self.spec.kind == "cifar"  # digits and MNIST are not mirror-symmetric
+        return ResidentImages(*self._train_tensors(), transform, pad, flip, device)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set)
@@ -262,10 +327,13 @@ class ImageDataModule(pl.LightningDataModule):
         hp = self.hparams
         # torch.initial_seed() is the run's seed: Lightning seeds before building loaders.
         sampler = EpochSeededSampler(len(dataset), torch.initial_seed()) if train else None
+        resident = isinstance(dataset, ResidentImages)  # batches made on the device, in this process
+        workers = 0 if resident else hp.num_workers
         dataset = SeededSamples(dataset, torch.initial_seed()) if train else dataset
         return DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler,
-                          drop_last=train and len(dataset) > hp.batch_size, num_workers=hp.num_workers,
-                          persistent_workers=hp.num_workers > 0, pin_memory=torch.cuda.is_available())
+                          drop_last=train and len(dataset) > hp.batch_size, num_workers=workers,
+                          persistent_workers=workers > 0, pin_memory=torch.cuda.is_available() and not resident,
+                          collate_fn=whole_batch if resident else None)
 
     def probe_batch(self, size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A fixed batch for rank probes: (images (P,C,H,W) float, labels (P,)), the same on every call and run.

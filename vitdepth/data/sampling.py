@@ -123,3 +123,18 @@ def seeded(seed: int):
     finally:
         torch.set_rng_state(torch_state)
         random.setstate(py_state)
+
+
+@contextlib.contextmanager
+def device_seeded(device: torch.device):
+    """Inside ``seeded``: seed a CUDA device's generator from torch's CPU one, and restore it after.
+
+    Random erasing draws its noise on the device of the images; everything else draws on the CPU.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.random.fork_rng(devices=[index], device_type="cuda"), torch.cuda.device(index):
+        torch.cuda.manual_seed(int(torch.randint(2**62, (1,))))
+        yield

@@ -13,6 +13,7 @@ from vitdepth.errors import UsageError
 
 TIMM_AUTO_AUGMENT = ("original", "originalr", "v0", "v0r", "3a")  # timm's AutoAugment policy names
 TORCHVISION_AUTO_AUGMENT = {f"tv-{p.value}": p for p in T.AutoAugmentPolicy}  # tv-cifar10, tv-imagenet, tv-svhn
+CIFAR_PAD = 4  # the random crop's zero padding in the usual CIFAR recipe
 
 
 def check_auto_augment(name: str, kind: str) -> None:
@@ -47,25 +48,29 @@ def augment_op(name: str, native_size: int, mean: Sequence[float]):
 
 
 class TensorBatchTransform:
-    """Augment and normalise a uint8 batch (B,C,H,W) in a few tensor ops.
+    """Augment and normalise a uint8 batch (B,C,H,W) in a few tensor ops, on the batch's device.
 
     For 8x8 or 28x28 images a per-image PIL pipeline costs more than the model, so in-memory
-    datasets transform whole batches: random translation (`pad` > 0), resize to `img_size`,
-    normalisation, then random erasing (`re_prob` > 0).
+    datasets transform whole batches: random translation (`pad` > 0), an optional per-sample
+    `policy` on pixels scaled to 0..1 (``vitdepth.data.device_augment``), resize to `img_size`,
+    normalisation, then random erasing (`re_prob` > 0): the order of ``cifar_transform``.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], img_size: int, pad: int = 0,
-                 re_prob: float = 0.0):
-        self.mean = torch.tensor(mean).view(1, -1, 1, 1) * 255  # applied to 0..255 values
-        self.std = torch.tensor(std).view(1, -1, 1, 1) * 255
+                 re_prob: float = 0.0, policy=None, device: torch.device | str = "cpu"):
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1) * 255  # applied to 0..255 values
+        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255
         self.img_size = img_size
         self.pad = pad
-        self.erase = RandomErasing(re_prob, mode="pixel", device="cpu") if re_prob > 0 else None
+        self.policy = policy
+        self.erase = RandomErasing(re_prob, mode="pixel", device=device) if re_prob > 0 else None
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         if self.pad:
             images = random_translate(images, self.pad)
         x = images.float()
+        if self.policy is not None:
+            x = self.policy(x / 255) * 255
         if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
             x = F.interpolate(x, size=(self.img_size, self.img_size), mode="bilinear", antialias=True)
         x = (x - self.mean) / self.std
@@ -75,15 +80,32 @@ class TensorBatchTransform:
 def random_translate(images: torch.Tensor, pad: int) -> torch.Tensor:
     """Shift every image by its own random offset of up to `pad` pixels, filling with zeros.
 
-    Equal to zero-padding by `pad` and randomly cropping back, done for the whole batch with
-    one gather.
+    Equal to zero-padding by `pad` and randomly cropping back (``random_crop``).
     """
-    b, c, h, w = images.shape
-    padded = F.pad(images, (pad, pad, pad, pad))
-    dy, dx = torch.randint(0, 2 * pad + 1, (2, b, 1))
-    rows = (dy + torch.arange(h))[:, None, :, None]  # (B,1,H,1)
-    cols = (dx + torch.arange(w))[:, None, None, :]  # (B,1,1,W)
-    return padded[torch.arange(b)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
+    return random_crop(F.pad(images, (pad, pad, pad, pad)), pad)
+
+
+def random_crop(padded: torch.Tensor, pad: int, rows: torch.Tensor | None = None,
+                flip: bool = False) -> torch.Tensor:
+    """Random windows of zero-padded images, one gather for the whole batch.
+
+    From `padded` (N,C,H+2p,W+2p) take images `rows` (default: all), each cropped back to H x W at
+    a uniform offset in [0, 2p] per axis (torchvision's RandomCrop(padding=p)) and, with `flip`,
+    mirrored with probability 0.5 (RandomHorizontalFlip). Offsets and flips are drawn from torch's
+    CPU generator, so a seeded batch is the same on every device.
+    """
+    device = padded.device
+    rows = torch.arange(len(padded), device=device) if rows is None else rows
+    (c, hp, wp), b = padded.shape[1:], len(rows)
+    h, w = hp - 2 * pad, wp - 2 * pad
+    dy, dx = torch.randint(0, 2 * pad + 1, (2, b, 1)).to(device)
+    ys = dy + torch.arange(h, device=device)  # (B,H)
+    xs = dx + torch.arange(w, device=device)  # (B,W)
+    if flip:
+        mirrored = (torch.rand(b, 1) < 0.5).to(device)
+        xs = torch.where(mirrored, xs.flip(-1), xs)  # a flipped crop reads its window right to left
+    return padded[rows[:, None, None, None], torch.arange(c, device=device)[None, :, None, None],
+                  ys[:, None, :, None], xs[:, None, None, :]]
 
 
 def cifar_transform(train: bool, img_size: int, native_size: int, mean: Sequence[float],
@@ -92,7 +114,7 @@ def cifar_transform(train: bool, img_size: int, native_size: int, mean: Sequence
     AutoAugment (``augment_op``) and random erasing."""
     ops = []
     if train:
-        ops += [T.RandomCrop(native_size, padding=4), T.RandomHorizontalFlip()]
+        ops += [T.RandomCrop(native_size, padding=CIFAR_PAD), T.RandomHorizontalFlip()]
         if auto_augment:
             ops.append(augment_op(auto_augment, native_size, mean))
     if img_size != native_size:
