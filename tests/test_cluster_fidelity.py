@@ -73,9 +73,11 @@ def buffers(module):
 def test_run_recorder_counts_flops_without_touching_reattentions_batchnorm(tmp_path):
     module = ViTClassifier(variant="reattention", depth=2, embed_dim=16, num_heads=2)
     before = buffers(module)
-    trainer = SimpleNamespace(is_global_zero=True, loggers=[], callbacks=[], current_epoch=0, global_step=0)
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[], callbacks=[], current_epoch=0, global_step=0,
+                              accelerator=None, strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                              datamodule=None)
     config = {"seed_everything": 0, "model": {**module.hparams, "weight_init": "", "norm": True},
-              "data": {"dataset": "digits"}, "trainer": {"precision": "32-true"}}
+              "data": {"dataset": "digits", "batch_size": 64}, "trainer": {"precision": "32-true"}}
     recorder = RunRecorder(RunIdentity(config, tmp_path))
     recorder.on_fit_start(trainer, module)
     after = buffers(module)

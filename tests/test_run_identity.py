@@ -97,3 +97,8 @@ def test_a_two_process_run_records_its_topology_and_shares_the_id_of_its_global_
     facts = json.loads((run_dir / RUN_JSON).read_text())
     assert (facts["world_size"], facts["global_batch"], facts["batch_size_per_process"]) == (2, 64, 32)
     assert (facts["accelerator"], facts["strategy"], facts["gpu"]) == ("CPUAccelerator", "DDPStrategy", None)
+    assert facts["train_data_on"] == "host"
+
+
+def test_the_data_path_is_not_part_of_the_identity():
+    assert run_id("--data.on_device", "true") == run_id("--data.on_device", "false") == run_id()

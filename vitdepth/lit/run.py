@@ -29,7 +29,9 @@ from vitdepth.wandb_view.keys import run_name, run_tags
 RUNTIME_KEYS = {
     "trainer": {"default_root_dir", "logger", "devices", "num_nodes", "accelerator", "strategy", "callbacks",
                 "plugins", "enable_progress_bar", "enable_model_summary", "log_every_n_steps"},
-    "data": {"root", "num_workers", "download"},
+    # on_device moves the training set and its augmentation to the device, as num_workers moves them
+    # to worker processes; run.json records the path each start took (README, "Device-resident data")
+    "data": {"root", "num_workers", "download", "on_device"},
     # lr_base_batch is applied to model.lr before hashing (scaled_lr), so the identity sees its effect
     None: {"config", "run_root", "wandb_mode", "ckpt_path", "rank_collapse", "print_config", "seed_everything",
            "lr_base_batch"},
@@ -248,12 +250,15 @@ class RunRecorder(Callback):
 
 
 def _accelerator_facts(trainer: pl.Trainer) -> dict:
-    """What the run trained on, beyond the host: accelerator, strategy, GPU model, CUDA version."""
+    """What the run trained on, beyond the host: accelerator, strategy, GPU model, CUDA version, and
+    where the training set lived (``data.on_device``)."""
     device = trainer.strategy.root_device
     cuda = device.type == "cuda"
+    train_device = getattr(trainer.datamodule, "train_device", lambda: None)()
     return {"accelerator": type(trainer.accelerator).__name__, "strategy": type(trainer.strategy).__name__,
             "gpu": torch.cuda.get_device_name(device) if cuda else None,
-            "cuda": torch.version.cuda if cuda else None}
+            "cuda": torch.version.cuda if cuda else None,
+            "train_data_on": str(train_device) if train_device is not None else "host"}
 
 
 def _callback_facts(trainer: pl.Trainer) -> dict:
