@@ -125,7 +125,8 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
 
 class RunRecorder(Callback):
-    """Keeps run.json and status.json of a fit: running, then finished, diverged or failed."""
+    """Keeps run.json and status.json of a fit: running, then finished, collapsed (stopped early by
+    ``--rank_collapse.stop_below``), diverged or failed."""
 
     def __init__(self, identity: RunIdentity) -> None:
         self.identity = identity
@@ -164,6 +165,8 @@ class RunRecorder(Callback):
             self._status(trainer, "diverged", f"non-finite train/loss at step {pl_module.diverged_at}")
         elif trainer.received_sigterm or trainer.interrupted:
             self._status(trainer, "running", "interrupted; rerun the same command to resume")
+        elif collapsed := _collapse_reason(trainer):
+            self._status(trainer, "collapsed", collapsed)
         else:
             self._status(trainer, "finished")
         trainer.strategy.barrier("vitdepth-status")  # no rank leaves fit before rank 0 has written the status
@@ -178,6 +181,12 @@ class RunRecorder(Callback):
             self._status(trainer, "failed", f"{type(exception).__name__}: {message[0] if message else ''}")
         except UsageError:  # the disk is full: status.json keeps its last state; the error says why
             pass
+
+
+def _collapse_reason(trainer: pl.Trainer) -> str | None:
+    """Why a callback (``RankCollapseCallback``'s ``stop_below``) stopped the run as collapsed."""
+    reasons = (getattr(c, "collapse_reason", None) for c in trainer.callbacks)
+    return next(filter(None, reasons), None)
 
 
 def _callback_facts(trainer: pl.Trainer) -> dict:
