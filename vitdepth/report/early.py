@@ -145,12 +145,13 @@ def section(runs: list[Run], margin: float) -> list[str]:
         "",
         "Each rule is the measured rule (the shallowest depth within a band of the best seed",
         "mean) applied to an early signal. **rel_residual**: log10 of the last layer's",
-        f"rel_residual at k (floored at the probe's rounding floor), band {RESIDUAL_BAND:g}",
-        f"decade. **val_acc1**: val_acc1 at k, band {margin:g} points (the baseline a collapse",
-        "signal has to beat). Measured: the saturation depth of the final val_acc1 means",
+        "rel_residual at k (floored at the probe's rounding floor), band "
+        f"{RESIDUAL_BAND:g} decade.",
+        f"**val_acc1**: val_acc1 at k, band {margin:g} points (the baseline a collapse signal",
+        "has to beat). Measured: the saturation depth of the final val_acc1 means",
         f'({margin:g} points, the saturation table). "matches from": the first epoch from which',
-        "the prediction equals the measured depth at every later probe epoch (never: not even at",
-        "the last).",
+        "the prediction equals the measured depth at every later probe epoch (never: not even",
+        "at the last).",
         "",
         "| variant | measured | rule | "
         + " | ".join(map(epoch_tick, epochs))
