@@ -45,6 +45,7 @@ def write_run(
     group: str = "test",
     dataset: str = "cifar10",
     probe_dtype: str | None = "float32",
+    test_acc: float | None = None,
     **facts,
 ) -> Path:
     """Write one run dir under ``root/group/run_id`` and return it.
@@ -52,7 +53,8 @@ def write_run(
     ``accs`` are the val/acc1 fractions, one per epoch; ``status=None`` writes no status.json (a run
     that died early); ``probe=None`` writes no layers.csv; ``probe(epoch, layer)`` gives the layer
     metrics of a probe (epoch -1 is init); ``probe_dtype=None`` writes layers.csv as it was before
-    it had a probe_dtype column.
+    it had a probe_dtype column; ``test_acc`` adds the test/acc1 row a fit writes after scoring the
+    test split.
     """
     config = {"variant": variant, "depth": depth, "dataset": dataset, "group": group, **facts}
     run_id = rundir.run_id(config, seed)
@@ -78,14 +80,15 @@ def write_run(
     rundir.atomic_write_json(path / rundir.RUN_JSON, run_facts)
     if status is not None:
         rundir.write_status(path, status, reason, wall_time_s=12.5 * depth, epochs=len(accs))
-    _write_metrics(path / rundir.METRICS, accs)
+    _write_metrics(path / rundir.METRICS, accs, test_acc)
     if probe is not None:
         _write_layers(path / rundir.LAYERS, depth, len(accs), probe, probe_dtype)
     return path
 
 
-def _write_metrics(path: Path, accs: tuple[float, ...]) -> None:
-    """Sparse rows as Lightning's CSVLogger writes them: a train row and a val row per epoch."""
+def _write_metrics(path: Path, accs: tuple[float, ...], test_acc: float | None) -> None:
+    """Sparse rows as Lightning's CSVLogger writes them: a train row and a val row per epoch, and
+    a test row at the last step."""
     rows = []
     for epoch, acc in enumerate(accs):
         step = (epoch + 1) * STEPS_PER_EPOCH - 1
@@ -99,7 +102,11 @@ def _write_metrics(path: Path, accs: tuple[float, ...]) -> None:
                 "val/acc5": min(1, 2 * acc),
             }
         )
+    if test_acc is not None:
+        step = len(accs) * STEPS_PER_EPOCH - 1
+        rows.append({"epoch": len(accs), "step": step, "test/acc1": test_acc})
     columns = ["epoch", "step", "lr", "train/loss", "val/acc1", "val/acc5", "val/loss"]
+    columns += ["test/acc1"]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, columns, restval="")
         writer.writeheader()

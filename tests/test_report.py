@@ -32,7 +32,8 @@ FINAL = {
     ("pure_attn", 8): (0.515, 0.535),
 }
 OUTPUTS = ("summary.csv", "summary.md", "acc_vs_depth.png", "residual_vs_layer.png", "residual_heatmap.png",
-           "acc_vs_uniformity.png", "provenance.json")  # fmt: skip
+           "acc_vs_uniformity.png", "early_signals.png", "provenance.json")  # fmt: skip
+PNGS = OUTPUTS[2:7]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -142,7 +143,7 @@ def test_summary_md_mean_std_saturation_and_correlation(report):
     assert "| pure_attn | 4 | 56.00 | 4 | 8 | 52.50 | falls by 3.50 points |" in md
     assert "| rel_residual | 1.000 | 12 |" in md
     assert "| token_cosine | -1.000 | 12 |" in md
-    assert "15 runs: 12 finished, 1 diverged, 2 failed, 0 running." in md
+    assert "15 runs: 12 finished, 0 collapsed, 1 diverged, 2 failed, 0 running." in md
     assert "percent" in md
 
 
@@ -167,7 +168,7 @@ def test_report_metrics_are_the_contract_metrics():
 
 
 def test_pngs_are_valid(report):
-    for name in OUTPUTS[2:6]:
+    for name in PNGS:
         data = (report / name).read_bytes()
         width, height = struct.unpack(">II", data[16:24])
         assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and width > 100 and height > 100
@@ -188,9 +189,9 @@ def test_a_report_without_finished_runs_or_layer_data_still_renders(tmp_path):
     write_run(tmp_path / "runs", depth=8, accs=(), status="running", probe=None)
     build_report([tmp_path / "runs"], tmp_path / "out")
     md = (tmp_path / "out" / "summary.md").read_text()
-    assert "No finished runs." in md and "| rel_residual | n/a | 0 |" in md
+    assert "No completed runs." in md and "| rel_residual | n/a | 0 |" in md
     assert "| full | 8 | 0 | running |  |" in md
-    assert all((tmp_path / "out" / name).read_bytes()[:8] == PNG_SIGNATURE for name in OUTPUTS[2:6])
+    assert all((tmp_path / "out" / name).read_bytes()[:8] == PNG_SIGNATURE for name in PNGS)
 
 
 def test_run_dirs_are_found_once_whether_given_as_parents_or_themselves(experiment):
@@ -227,7 +228,7 @@ def test_a_failing_plot_leaves_the_previous_report_intact(report, experiment, mo
 def test_a_failing_rename_leaves_whole_files_and_no_temp_files(report, experiment, tmp_path, monkeypatch):
     shutil.copytree(report, tmp_path, dirs_exist_ok=True)
     monkeypatch.setattr(
-        plots, "render", lambda runs: {name: b"new" for name in OUTPUTS[2:6]}
+        plots, "render", lambda runs, margin: {name: b"new" for name in PNGS}
     )  # only writes matter
     calls, real_replace = [], os.replace
 
@@ -252,7 +253,7 @@ def test_cli_verb_reproduces_the_report_byte_for_byte(report, experiment, tmp_pa
     assert cli.run(args) == 0
     assert "wrote summary.csv" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(OUTPUTS)
-    for name in OUTPUTS[:6]:  # all but provenance.json, which holds the time
+    for name in OUTPUTS[:-1]:  # all but provenance.json, which holds the time
         assert (tmp_path / name).read_bytes() == (report / name).read_bytes(), name
     with pytest.raises(SystemExit) as exit_info:
         parser.parse_args(["report", str(experiment), "--out", str(tmp_path), "--margin", "-1"])

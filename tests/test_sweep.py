@@ -196,6 +196,25 @@ def test_failed_and_diverged_runs_are_recorded_and_the_sweep_goes_on(tmp_path, c
     assert "3 runs: 0 finished, 0 diverged, 1 failed, 2 skipped" in capsys.readouterr().out
 
 
+def test_a_run_stopped_as_collapsed_is_terminal_and_not_rerun(tmp_path, capsys):
+    stop = {"model.variant": "pure", "trainer.max_epochs": 4, "rank_collapse.stop_below": 1e-5,
+            "rank_collapse.patience": 1}
+    path = write_grid(tmp_path, {"model.depth": [8]}, **stop)
+    assert sweep(path) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"depth=8 \.\.\. collapsed last-layer rel_residual 0 < 1e-05 .*\(\d+\.\d s\)",
+                     out)
+    assert "1 runs: 0 finished, 1 collapsed (stopped early), 0 diverged, 0 failed, 0 skipped" \
+        in out
+    [run] = run_dirs(path)
+    assert (status(run), read_status(run)["epochs"]) == ("collapsed", 1)
+    mtime = (run / "status.json").stat().st_mtime_ns
+
+    assert sweep(path) == 0
+    assert "1 runs: 0 finished, 0 diverged, 0 failed, 1 skipped" in capsys.readouterr().out
+    assert (run / "status.json").stat().st_mtime_ns == mtime
+
+
 def test_killed_sweep_resumes_the_interrupted_run_from_its_checkpoint(tmp_path, capsys):
     path = write_grid(tmp_path, {"trainer.max_epochs": [1, 8]})
     first, second = run_dirs(path)

@@ -188,3 +188,44 @@ def test_anti_collapse_variants_learn_digits(tmp_path, variant):
     assert main(args) == 0
     _, _, acc1 = final_val(resolve_run(args).dir)
     assert acc1 >= 0.85, f"{variant}: {acc1:.3f}"
+
+
+COLLAPSE_STOP = ["--model.variant", "pure", "--model.depth", "8", "--trainer.max_epochs", "3",
+                 "--rank_collapse.stop_below", "1e-5", "--rank_collapse.patience", "2"]
+
+
+def test_a_collapsed_pure_run_stops_early_with_its_probes_and_metrics_kept(tmp_path):
+    """Pure attention 8 deep on digits: the last layer's rel_residual is 0 in float32 and val/acc1
+    stays at chance (0.100), so with patience 2 the run stops after its second epoch of 3."""
+    args = fit_args(tmp_path, *COLLAPSE_STOP)
+    assert main(args) == 0
+    run = resolve_run(args)
+    without_stop = resolve_run(fit_args(tmp_path, *COLLAPSE_STOP[:6]))
+    assert run.dir == without_stop.dir  # the stop is not part of the run id
+    status = read_status(run.dir)
+    assert (status["status"], status["epochs"]) == ("collapsed", 2)
+    assert status["reason"].startswith("last-layer rel_residual 0 < 1e-05 and val/acc1 0.1")
+    assert "for 2 probes in a row (epoch 1)" in status["reason"]
+    vals = [float(r["val/acc1"]) for r in rows(run.dir / "metrics.csv") if r["val/acc1"]]
+    assert len(vals) == 2 and max(vals) <= 0.12
+    layers = rows(run.dir / "layers.csv")
+    assert sorted({int(r["epoch"]) for r in layers}) == [INIT_EPOCH, 0, 1]
+    trained = [r for r in layers if r["layer"] == "8" and r["epoch"] != "-1"]
+    assert len(trained) == 2 and all(float(r["rel_residual"]) < 1e-5 for r in trained)
+    assert (run.dir / "checkpoints" / "last.ckpt").is_file()
+
+    assert main(fit_args(tmp_path, *COLLAPSE_STOP[:6])) == 0  # without the stop: resumed to the end
+    assert (read_status(run.dir)["status"], read_status(run.dir)["epochs"]) == ("finished", 3)
+    assert len([r for r in rows(run.dir / "metrics.csv") if r["val/acc1"]]) == 3
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"stop_below": "0"}, "rank_collapse.stop_below must be > 0"),
+    ({"stop_below": "1e-5", "patience": "0"}, "rank_collapse.patience must be >= 1"),
+    ({"stop_below": "1e-5", "every_n_epochs": "0"}, "rank_collapse.stop_below needs probes"),
+])
+def test_bad_collapse_stop_options_are_one_line_usage_errors(tmp_path, capsys, options, message):
+    flags = [arg for key, value in options.items() for arg in (f"--rank_collapse.{key}", value)]
+    assert main(fit_args(tmp_path, *flags)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"vitdepth: error: {message}")

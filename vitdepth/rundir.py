@@ -7,7 +7,7 @@ A run lives in ``<root>/<group>/<run_id>/`` and holds::
     metrics.csv   Lightning's CSVLogger rows (train/loss, val/acc1 as a fraction in [0, 1], ...)
     layers.csv    one row per layer per probe: epoch, step, layer, <LAYER_METRICS>, probe_dtype;
                   epoch -1 marks init
-    status.json   running | finished | diverged | failed, with reason and wall time
+    status.json   running | finished | collapsed | diverged | failed, with reason and wall time
     checkpoints/  last.ckpt, best, and Lightning's hpc_ckpt_*.ckpt after a SLURM requeue signal
 
 This module imports nothing heavy (no torch), so ``report`` runs anywhere.
@@ -61,7 +61,9 @@ def legacy_probe_dtype(precision: str | None) -> str:
         return "float16"
     return "float64" if precision.startswith("64") else "float32"
 
-STATUSES = ("running", "finished", "diverged", "failed")
+# collapsed: stopped early by --rank_collapse.stop_below, its probes and metrics kept; terminal
+# like finished and diverged (sweeps do not rerun it).
+STATUSES = ("running", "finished", "collapsed", "diverged", "failed")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

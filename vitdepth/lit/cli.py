@@ -117,9 +117,10 @@ class VitdepthCLI(LightningCLI):
 
     def after_fit(self) -> None:
         """Score the best checkpoint by validation accuracy on the test split, when validation did
-        not already use it: the number a paper quotes, chosen without looking at the test set."""
+        not already use it: the number a paper quotes, chosen without looking at the test set.
+        A run stopped as collapsed is scored too, so its seeds count in the report's test table."""
         status = (read_status(self.identity.dir) or {}).get("status")
-        if status != "finished" or not self.datamodule.has_test_split:
+        if status not in ("finished", "collapsed") or not self.datamodule.has_test_split:
             return
         if not self.trainer.checkpoint_callback.best_model_path:  # stopped before any validation
             print("vitdepth: no validated checkpoint to score on the test split", file=sys.stderr)

@@ -191,7 +191,8 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
 
 class RunRecorder(Callback):
-    """Keeps run.json and status.json of a fit: running, then finished, diverged or failed."""
+    """Keeps run.json and status.json of a fit: running, then finished, collapsed (stopped early by
+    ``--rank_collapse.stop_below``), diverged or failed."""
 
     def __init__(self, identity: RunIdentity) -> None:
         self.identity = identity
@@ -231,6 +232,8 @@ class RunRecorder(Callback):
             self._status(trainer, "diverged", f"non-finite train/loss at step {pl_module.diverged_at}")
         elif trainer.received_sigterm or trainer.interrupted:
             self._status(trainer, "running", "interrupted; rerun the same command to resume")
+        elif collapsed := _collapse_reason(trainer):
+            self._status(trainer, "collapsed", collapsed)
         else:
             self._status(trainer, "finished")
         trainer.strategy.barrier("vitdepth-status")  # no rank leaves fit before rank 0 has written the status
@@ -259,6 +262,12 @@ def _accelerator_facts(trainer: pl.Trainer) -> dict:
             "gpu": torch.cuda.get_device_name(device) if cuda else None,
             "cuda": torch.version.cuda if cuda else None,
             "train_data_on": str(train_device) if train_device is not None else "host"}
+
+
+def _collapse_reason(trainer: pl.Trainer) -> str | None:
+    """Why a callback (``RankCollapseCallback``'s ``stop_below``) stopped the run as collapsed."""
+    reasons = (getattr(c, "collapse_reason", None) for c in trainer.callbacks)
+    return next(filter(None, reasons), None)
 
 
 def _callback_facts(trainer: pl.Trainer) -> dict:

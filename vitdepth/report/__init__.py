@@ -17,13 +17,14 @@ from vitdepth.errors import UsageError
 
 
 def build_report(paths, out, margin: float = 0.5) -> list[Path]:
-    """Write summary.csv, summary.md, the PNGs and provenance.json for the runs under ``paths``.
+    """Write summary.csv, summary.md (with the early-signal section last), the PNGs and
+    provenance.json for the runs under ``paths``.
 
     Everything is rendered in memory before the first file is written, so a failure midway leaves
     the previous report in ``out`` untouched.
     """
     # Imported here so that building the CLI parser does not pay about 1.5 s for matplotlib.
-    from vitdepth.report import load, plots, provenance, summary
+    from vitdepth.report import early, load, plots, provenance, summary
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -31,8 +32,9 @@ def build_report(paths, out, margin: float = 0.5) -> list[Path]:
     runs = load.load_runs(paths)
     files = {
         "summary.csv": summary.summary_csv(runs).encode(),
-        "summary.md": summary.summary_md(runs, margin).encode(),
-        **plots.render(runs),
+        "summary.md": "\n".join([summary.summary_md(runs, margin), *early.section(runs, margin),
+                                 ""]).encode(),
+        **plots.render(runs, margin),
         "provenance.json": (
             json.dumps(provenance.provenance(runs), indent=2, sort_keys=True) + "\n"
         ).encode(),

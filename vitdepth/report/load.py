@@ -26,6 +26,8 @@ class Run:
     wall_time_s: float = math.nan
     epochs: int | None = None
     val_acc1: list[float] = field(default_factory=list)  # percent, in step order
+    val_epochs: list[int] = field(default_factory=list)  # the epoch of each val_acc1
+    test_acc1: float = math.nan  # percent, of the best checkpoint by val/acc1 (if the fit tested)
     probe_epochs: np.ndarray = field(default_factory=lambda: np.zeros(0, int))  # (P,), step order
     layers: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> (P, depth + 1)
     probe_dtype: str = "float32"  # of the probe's forward pass; the coarsest if probes differ
@@ -70,6 +72,14 @@ class Run:
     def acc1_best(self) -> float:
         finite = [a for a in self.val_acc1 if math.isfinite(a)]
         return max(finite) if finite else math.nan
+
+    @property
+    def epochs_saved(self) -> int:
+        """Epochs a run stopped as collapsed skipped (run.json's max_epochs minus those run)."""
+        planned = self.facts.get("max_epochs")
+        if self.status != "collapsed" or planned is None or self.epochs is None:
+            return 0
+        return max(0, int(planned) - int(self.epochs))
 
     def profile(self, metric: str, when: str) -> np.ndarray | None:
         """The metric over layers 0..depth at ``init`` (epoch -1) or at the ``end`` (last later probe)."""
@@ -143,6 +153,10 @@ def _read_metrics(run: Run) -> None:
     val = [r for r in rows if r.get("val/acc1")]
     val.sort(key=lambda r: float(r["step"]))  # stable: a step logged twice keeps file order
     run.val_acc1 = [100.0 * float(r["val/acc1"]) for r in val]
+    run.val_epochs = [int(float(r["epoch"])) if r.get("epoch") else -1 for r in val]
+    test = [r for r in rows if r.get("test/acc1")]
+    if test:
+        run.test_acc1 = 100.0 * float(max(test, key=lambda r: float(r["step"]))["test/acc1"])
     if run.epochs is None and val:
         run.epochs = len({r.get("epoch") for r in val})
 

@@ -13,16 +13,16 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import MaxNLocator, NullLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
 from vitdepth import rundir
-from vitdepth.report import summary
+from vitdepth.report import early, summary
 from vitdepth.report.load import Run
 
 DPI = 120
 
 
-def render(runs: list[Run]) -> dict[str, bytes]:
+def render(runs: list[Run], margin: float = 0.5) -> dict[str, bytes]:
     """File name -> PNG bytes for every figure of the report."""
     colors = {v: f"C{i % 10}" for i, v in enumerate(sorted({r.variant for r in runs}))}
     figures = {
@@ -30,6 +30,7 @@ def render(runs: list[Run]) -> dict[str, bytes]:
         "residual_vs_layer.png": residual_vs_layer,
         "residual_heatmap.png": residual_heatmap,
         "acc_vs_uniformity.png": acc_vs_uniformity,
+        "early_signals.png": lambda runs, colors: early_signals(runs, colors, margin),
     }
     return {name: png_bytes(draw(runs, colors)) for name, draw in figures.items()}
 
@@ -57,7 +58,7 @@ def acc_vs_depth(runs: list[Run], colors: dict[str, str]) -> Figure:
         )
     depths = sorted({d for by_depth in stats.values() for d in by_depth})
     if not depths:
-        _no_data(ax, "no finished runs")
+        _no_data(ax, "no completed runs")
     else:
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths, labels=[str(d) for d in depths])
@@ -66,7 +67,7 @@ def acc_vs_depth(runs: list[Run], colors: dict[str, str]) -> Figure:
     ax.set(
         xlabel="depth (blocks)",
         ylabel="final val acc@1 (%)",
-        title="Accuracy vs depth (finished runs, ± std over seeds)",
+        title="Accuracy vs depth (completed runs, ± std over seeds)",
     )
     ax.grid(alpha=0.3)
     return fig
@@ -88,7 +89,7 @@ def residual_vs_layer(runs: list[Run], colors: dict[str, str]) -> Figure:
             same = [r for r in runs if r.variant == variant and r.depth == depth]
             for when, style, pool in (
                 ("init", "--", same),
-                ("end", "-", [r for r in same if r.status == "finished"]),
+                ("end", "-", [r for r in same if r.status in summary.COMPLETED]),
             ):
                 curve = _mean_profile([r.profile("rel_residual", when) for r in pool])
                 if curve is not None:
@@ -106,7 +107,7 @@ def residual_vs_layer(runs: list[Run], colors: dict[str, str]) -> Figure:
     handles = [Line2D([], [], color=c, label=v) for v, c in colors.items()]
     handles += [
         Line2D([], [], color="k", ls="--", label="init (all runs)"),
-        Line2D([], [], color="k", ls="-", label="end (finished runs)"),
+        Line2D([], [], color="k", ls="-", label="end (completed runs)"),
     ]
     dtypes = sorted({r.probe_dtype for r in runs if r.depth in depths and r.layers})
     if dtypes:
@@ -132,7 +133,7 @@ def residual_heatmap(runs: list[Run], colors: dict[str, str]) -> Figure:
     deepest = {}
     for r in runs:
         if r.depth is not None and "rel_residual" in r.layers:
-            key = (r.depth, r.status == "finished", -(r.seed or 0))
+            key = (r.depth, r.status in summary.COMPLETED, -(r.seed or 0))
             if r.variant not in deepest or key > deepest[r.variant][0]:
                 deepest[r.variant] = (key, r)
     chosen = [deepest[v][1] for v in colors if v in deepest]
@@ -174,7 +175,7 @@ def acc_vs_uniformity(runs: list[Run], colors: dict[str, str]) -> Figure:
     for variant, color in colors.items():
         points = [
             (summary.layer_stats(r, "token_cosine", "end")[0], r.acc1_final)
-            for r in summary.finished(runs)
+            for r in summary.completed(runs)
             if r.variant == variant
         ]
         points = [p for p in points if all(map(math.isfinite, p))]
@@ -184,13 +185,53 @@ def acc_vs_uniformity(runs: list[Run], colors: dict[str, str]) -> Figure:
     if plotted:
         ax.legend(title="variant")
     else:
-        _no_data(ax, "no finished runs with token_cosine")
+        _no_data(ax, "no completed runs with token_cosine")
     ax.set(
         xlabel="last-layer token_cosine at the end",
         ylabel="final val acc@1 (%)",
-        title="Accuracy vs token uniformity (finished runs)",
+        title="Accuracy vs token uniformity (completed runs)",
     )
     ax.grid(alpha=0.3)
+    return fig
+
+
+def early_signals(runs: list[Run], colors: dict[str, str], margin: float) -> Figure:
+    """Left: Spearman rho of each last-layer metric at each probe epoch vs final val_acc1. Right:
+    each variant's saturation depth predicted at each epoch by the two rules of
+    ``vitdepth.report.early``, against the measured one (a dashed line)."""
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    epochs = early.probe_epochs(runs)
+    if not epochs:
+        for ax in (left, right):
+            _no_data(ax, "no completed runs with layers.csv probes")
+        return fig
+    rhos = early.correlations(runs)
+    for metric in summary.METRICS:
+        left.plot(epochs, [rhos[e][metric][0] for e in epochs], marker=".", label=metric)
+    left.axhline(0, color="grey", lw=0.8)
+    left.set(ylim=(-1.05, 1.05), xlabel="probe epoch", ylabel="Spearman rho vs final val acc@1",
+             title="Last-layer metric at epoch k vs final accuracy")
+    left.legend(fontsize="small")
+    measured = early.measured_depths(runs, margin)
+    for variant, by_rule in early.predictions(runs, margin).items():
+        color = colors[variant]
+        for rule, style in zip(early.RULES, ("-", ":"), strict=True):
+            points = [(e, p) for e, p in zip(epochs, by_rule[rule], strict=True) if p is not None]
+            if points:
+                right.plot(*zip(*points, strict=True), style, marker=".", color=color)
+        right.axhline(measured[variant], color=color, ls="--", lw=1)
+    right.set_yscale("log", base=2)
+    right.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    right.set(xlabel="probe epoch", ylabel="saturation depth",
+              title="Predicted (from epoch k) vs measured")
+    handles = [Line2D([], [], color=c, label=v) for v, c in colors.items() if v in measured]
+    handles += [Line2D([], [], color="k", ls=s, label=label) for s, label in
+                (("-", "rel_residual rule"), (":", "val_acc1 rule"), ("--", "measured"))]
+    right.legend(handles=handles, fontsize="small")
+    for ax in (left, right):
+        ax.set_xticks(epochs, labels=list(map(early.epoch_tick, epochs)))
+        ax.grid(alpha=0.3)
     return fig
 
 

@@ -1,7 +1,9 @@
 """Tables from loaded runs: summary.csv (one row per run) and summary.md (depth saturation, correlations).
 
-Accuracies are percent throughout. Aggregates over seeds use finished runs only, so a diverged or
-half-trained run never drags a mean; those runs are listed separately instead.
+Accuracies are percent throughout. Aggregates over seeds use completed runs only (finished, or
+stopped as collapsed: at chance by the stop rule, so leaving them out would drop exactly the seeds
+that failed), so a diverged or half-trained run never drags a mean; those runs are listed
+separately instead.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
+from vitdepth import rundir
 from vitdepth.report.load import Run
 
 # The layer metrics of vitdepth.rundir.LAYER_METRICS, most telling first.
@@ -27,7 +31,7 @@ METRICS = (
 FACTS = ("run_id", "group", "dataset", "variant", "depth", "seed", "params")
 COLUMNS = (
     *FACTS,
-    *("status", "reason", "val_acc1_best", "val_acc1_final", "epochs", "wall_time_s"),
+    *("status", "reason", "val_acc1_best", "val_acc1_final", "test_acc1", "epochs", "wall_time_s"),
     *(f"{m}_{agg}_{when}" for m in METRICS for when in ("init", "end") for agg in ("last", "mean")),
 )
 CORRELATED = ("rel_residual", "token_cosine")  # end-of-training last-layer metrics set against accuracy
@@ -55,6 +59,7 @@ def summary_row(run: Run) -> dict:
         "reason": run.reason,
         "val_acc1_best": run.acc1_best,
         "val_acc1_final": run.acc1_final,
+        "test_acc1": run.test_acc1,
         "epochs": run.epochs,
         "wall_time_s": run.wall_time_s,
     }
@@ -80,16 +85,20 @@ def _cell(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def finished(runs: list[Run]) -> list[Run]:
-    return [r for r in runs if r.status == "finished" and r.depth is not None]
+COMPLETED = ("finished", "collapsed")  # runs with a final accuracy
 
 
-def acc_stats(runs: list[Run]) -> dict[str, dict[int, tuple[float, float, int]]]:
-    """variant -> depth -> (mean, sample std, n) of the final accuracy over the seeds of finished runs."""
+def completed(runs: list[Run]) -> list[Run]:
+    return [r for r in runs if r.status in COMPLETED and r.depth is not None]
+
+
+def acc_stats(runs: list[Run], key: str = "acc1_final") -> dict[str, dict[int, tuple]]:
+    """variant -> depth -> (mean, sample std, n) over the seeds of completed runs of an accuracy
+    (``acc1_final``: the last val_acc1; ``test_acc1``)."""
     accs: dict[str, dict[int, list[float]]] = {}
-    for r in finished(runs):
-        if math.isfinite(r.acc1_final):
-            accs.setdefault(r.variant, {}).setdefault(r.depth, []).append(r.acc1_final)
+    for r in completed(runs):
+        if math.isfinite(getattr(r, key)):
+            accs.setdefault(r.variant, {}).setdefault(r.depth, []).append(getattr(r, key))
     return {
         variant: {d: _mean_std(a) for d, a in sorted(by_depth.items())}
         for variant, by_depth in sorted(accs.items())
@@ -143,32 +152,37 @@ def _ranks(values) -> np.ndarray:
 
 def correlation(runs: list[Run], metric: str) -> tuple[float, int]:
     """Spearman rho (and n) between a metric at the last layer at the end and final accuracy."""
-    pairs = [(layer_stats(r, metric, "end")[0], r.acc1_final) for r in finished(runs)]
+    pairs = [(layer_stats(r, metric, "end")[0], r.acc1_final) for r in completed(runs)]
     pairs = [p for p in pairs if all(map(math.isfinite, p))]
     return spearman(*zip(*pairs, strict=True)) if pairs else math.nan, len(pairs)
 
 
 def summary_md(runs: list[Run], margin: float) -> str:
     stats = acc_stats(runs)
-    counts = ", ".join(
-        f"{sum(r.status == s for r in runs)} {s}" for s in ("finished", "diverged", "failed", "running")
-    )
+    statuses = (*rundir.STATUSES[1:], "running")
+    counts = ", ".join(f"{sum(r.status == s for r in runs)} {s}" for s in statuses)
     lines = [
         "# vitdepth report",
         "",
         f"{len(runs)} runs: {counts}.",
-        "Accuracies are top-1 validation accuracy in percent (0-100), here and in summary.csv; final = the last",
-        "validation epoch. Means, stds (sample std over seeds) and correlations count finished runs only.",
+        "Accuracies are top-1 in percent (0-100), here and in summary.csv: val_acc1 on the",
+        "validation split (final = the last validation epoch), test_acc1 on the test split (the",
+        "checkpoint with the best val_acc1, scored once after training). Means, stds (sample std",
+        "over seeds) and correlations count completed runs only: finished, and collapsed (stopped",
+        "early at chance, counted with the accuracy they stopped at; marked in the cells).",
         "",
-        *_acc_table(stats),
+        *_acc_table(runs, stats, "Validation split: final val_acc1 (%) vs depth"),
         "",
+        *_test_table(runs),
         *_saturation_table(stats, margin),
         "",
-        "## Collapse vs accuracy (Spearman, last layer at the end of training, finished runs)",
+        "## Collapse vs accuracy (Spearman, last layer at the end of training, completed runs)",
         "",
         "| metric | rho | n |",
         "|---|---:|---:|",
         *(f"| {m} | {_num(rho, 3)} | {n} |" for m in CORRELATED for rho, n in [correlation(runs, m)]),
+        "",
+        *_collapsed_table(runs),
         "",
         "## Runs that did not finish",
         "",
@@ -177,28 +191,41 @@ def summary_md(runs: list[Run], margin: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _acc_table(stats) -> list[str]:
+def _acc_table(runs: list[Run], stats, title: str) -> list[str]:
     variants = list(stats)
     depths = sorted({d for by_depth in stats.values() for d in by_depth})
+    collapsed = Counter((r.variant, r.depth) for r in completed(runs) if r.status == "collapsed")
     lines = [
-        "## Final val_acc1 (%) vs depth: mean ± std (n seeds)",
+        f"## {title}: mean ± std (n seeds)",
         "",
         "| depth | " + " | ".join(variants) + " |",
         "|---:|" + "---:|" * len(variants),
     ]
     for d in depths:
-        cells = [_mean_std_cell(*stats[v][d]) if d in stats[v] else "—" for v in variants]
+        cells = [_mean_std_cell(*stats[v][d], collapsed[v, d]) if d in stats[v] else "—"
+                 for v in variants]
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
-    return lines if variants else [*lines[:2], "No finished runs."]
+    return lines if variants else [*lines[:2], "No completed runs."]
 
 
-def _mean_std_cell(mean: float, std: float, n: int) -> str:
-    return f"{mean:.2f} (n={n})" if math.isnan(std) else f"{mean:.2f} ± {std:.2f} (n={n})"
+def _test_table(runs: list[Run]) -> list[str]:
+    """The test-split table, when any completed run was scored on a test split."""
+    stats = acc_stats(runs, "test_acc1")
+    if not stats:
+        return []
+    title = "Test split: test_acc1 (%) of the best validation checkpoint"
+    return [*_acc_table(runs, stats, title), ""]
+
+
+def _mean_std_cell(mean: float, std: float, n: int, collapsed: int = 0) -> str:
+    seeds = f"n={n}, {collapsed} collapsed" if collapsed else f"n={n}"
+    return f"{mean:.2f} ({seeds})" if math.isnan(std) else f"{mean:.2f} ± {std:.2f} ({seeds})"
 
 
 def _saturation_table(stats, margin: float) -> list[str]:
     lines = [
-        f"## Depth saturation (the shallowest depth within {margin:g} points of the best mean)",
+        f"## Depth saturation (validation split: the shallowest depth within {margin:g} points of "
+        "the best mean)",
         "",
         "| variant | best depth | best mean | saturation depth | deepest | deepest mean | beyond saturation |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -213,8 +240,36 @@ def _saturation_table(stats, margin: float) -> list[str]:
     return lines
 
 
+def _collapsed_table(runs: list[Run]) -> list[str]:
+    """Runs stopped as collapsed and the compute they saved: the epochs they did not run, and
+    those times each run's measured wall seconds per epoch run (start-up included: an upper
+    bound)."""
+    rows = [r for r in runs if r.status == "collapsed"]
+    saved = [r.epochs_saved * r.wall_time_s / r.epochs if r.epochs else math.nan for r in rows]
+    lines = ["## Runs stopped early as collapsed (`--rank_collapse.stop_below`)", ""]
+    if not rows:
+        return [*lines, "None."]
+    return [
+        *lines,
+        f"{_count(len(rows), 'run')} stopped early; {'it' if len(rows) == 1 else 'they'} saved "
+        f"{_count(sum(r.epochs_saved for r in rows), 'epoch')}, about "
+        f"{sum(x for x in saved if math.isfinite(x)):.0f} s (epochs not run × the run's measured "
+        "seconds per epoch).",
+        "",
+        "| run_id | variant | depth | seed | epochs run | max epochs | epochs saved | s saved "
+        "| reason |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        *(
+            f"| {r.run_id} | {r.variant} | {_cell(r.depth)} | {_cell(r.seed)} | "
+            f"{_cell(r.epochs)} | {_cell(r.facts.get('max_epochs'))} | {r.epochs_saved} | "
+            f"{_num(s, 0)} | {_md(r.reason)} |"
+            for r, s in zip(rows, saved, strict=True)
+        ),
+    ]
+
+
 def _unfinished_table(runs: list[Run]) -> list[str]:
-    rows = [r for r in runs if r.status != "finished"]
+    rows = [r for r in runs if r.status not in COMPLETED]
     if not rows:
         return ["None."]
     return [
@@ -225,6 +280,10 @@ def _unfinished_table(runs: list[Run]) -> list[str]:
             for r in rows
         ),
     ]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _num(value: float, digits: int) -> str:

@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser(
         "sweep", help="train every run of a grid file, here or as a SLURM array job",
         description="Train the runs of a grid file (configs/grids/*.yaml): base configs x axes. Runs already "
-        "finished or diverged are skipped and interrupted ones resume, so rerunning a sweep is safe.",
+        "finished, collapsed or diverged are skipped and interrupted ones resume, so rerunning a "
+        "sweep is safe.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
     p.add_argument("grid", metavar="GRID", help="grid file, e.g. configs/grids/digits-depth.yaml, or the name "
                    "of a shipped grid (digits-depth)")

@@ -1,9 +1,9 @@
 """Run the runs of a grid in this process, one after another, resumably.
 
 Each run is ``vitdepth fit <argv>`` called in-process (a subprocess per run would pay about 6 s of
-imports). A run whose status.json says finished or diverged is skipped; any other run is (re)started
-with its argv, and the training resumes from the newest complete checkpoint in its run directory.
-A run that raises is recorded as failed in its run directory and the sweep goes on.
+imports). A run whose status.json says finished, collapsed or diverged is skipped; any other run is
+(re)started with its argv, and the training resumes from the newest complete checkpoint in its run
+directory. A run that raises is recorded as failed in its run directory and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from vitdepth.rundir import RUN_JSON, atomic_write_json, read_status, write_stat
 from vitdepth.sweep.grid import Grid, Run, explain
 from vitdepth.sweep.lock import RunLock
 
-DONE = ("finished", "diverged")
+DONE = ("finished", "collapsed", "diverged")  # terminal statuses: never rerun
 LOG = "sweep.log"  # a run's console output during a local sweep, in its run directory
 
 
@@ -62,7 +62,7 @@ class RunConfigError(UsageError):
 
 @dataclass
 class Outcome:
-    status: str  # finished | diverged | failed | skipped | busy
+    status: str  # finished | collapsed | diverged | failed | skipped | busy
     detail: str = ""
     seconds: float = 0.0
     run_dir: Path | None = None
@@ -233,12 +233,14 @@ class Tally:
         c = self.counts
         busy = f", {c['busy']} busy in another sweep" if c["busy"] else ""
         busy += f", {c['not run']} not run" if c.get("not run") else ""
-        return (f"sweep {name}: {sum(c.values())} runs: {c['finished']} finished, {c['diverged']} diverged, "
+        collapsed = f", {c['collapsed']} collapsed (stopped early)" if c["collapsed"] else ""
+        return (f"sweep {name}: {sum(c.values())} runs: {c['finished']} finished{collapsed}, "
+                f"{c['diverged']} diverged, "
                 f"{c['failed']} failed, {c['skipped']} skipped (done before){busy}; {self.seconds:.0f} s")
 
 
 def _line(i: int, total: int, run: Run, outcome: Outcome, log_to_file: bool) -> str:
-    took = f" ({outcome.seconds:.1f} s)" if outcome.status in ("finished", "diverged", "failed") else ""
+    took = f" ({outcome.seconds:.1f} s)" if outcome.status in (*DONE, "failed") else ""
     detail = f" {outcome.detail}" if outcome.detail else ""
     log = f"; log: {outcome.run_dir / LOG}" if outcome.status == "failed" and outcome.run_dir and log_to_file \
         else ""
@@ -248,7 +250,7 @@ def _line(i: int, total: int, run: Run, outcome: Outcome, log_to_file: bool) -> 
 def run_local(grid: Grid, runs: list[Run], *, log_to_file: bool = True, out=None) -> Tally:
     """Every run in ``runs``, one after another, with one progress line each and a summary line."""
     out = out or sys.stdout
-    counts = dict.fromkeys(("finished", "diverged", "failed", "skipped", "busy"), 0)
+    counts = dict.fromkeys((*DONE, "failed", "skipped", "busy"), 0)
     started, dirs = time.monotonic(), []
     width = len(str(len(runs)))
     for i, run in enumerate(runs, start=1):
@@ -322,7 +324,7 @@ def run_parallel(grid: Grid, runs: list[Run], jobs: int, worker_argv: list[str])
             print("vitdepth sweep: SIGTERM: the workers stopped their runs resumably; rerun the same command "
                   "to resume", file=sys.stderr)
             raise SystemExit(128 + signal.SIGTERM)
-        counts = dict.fromkeys(("finished", "diverged", "failed", "skipped", "busy", "not run"), 0)
+        counts = dict.fromkeys((*DONE, "failed", "skipped", "busy", "not run"), 0)
         dirs = []
         for run in runs:
             try:

@@ -14,7 +14,7 @@ import yaml
 
 from vitdepth.errors import UsageError
 from vitdepth.sweep.grid import Grid, Run
-from vitdepth.sweep.local import run_one
+from vitdepth.sweep.local import DONE, run_one
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "array.sbatch"
 
@@ -177,4 +177,4 @@ def run_task(grid: Grid, index: int, run_root: str | None = None) -> int:
     detail = f" {outcome.detail}" if outcome.detail else ""
     print(f"vitdepth: task {index}: {outcome.status}{detail} ({outcome.seconds:.1f} s) in {outcome.run_dir}",
           flush=True)
-    return 0 if outcome.status in ("finished", "diverged", "skipped") else 1
+    return 0 if outcome.status in (*DONE, "skipped") else 1
