@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from vitdepth.bench.plan import make_plan
-from vitdepth.bench.suite import figures
+from vitdepth.bench.report import write_report
+from vitdepth.bench.suite import SECTIONS, figures
 from vitdepth.cli import main
 
 CPU, GPU = make_plan("cpu", quick=True), make_plan("cuda", quick=True)
@@ -50,6 +51,9 @@ def test_quick_bench_markdown_lists_every_figure_with_its_target(quick_bench):
         row = next(line for line in text.splitlines() if line.startswith(f"| `{figure.name}` |"))
         if figure.op:
             assert f"{figure.op} {figure.target:.3g}" in row and ("PASS" in row or "MISS" in row), row
+    for section in SECTIONS:
+        assert (f"## {section.key}. {section.title}" if section.runs(CPU) else section.not_run[0]) in text
+    assert "Not run: this was a CPU benchmark" in text
     assert "Quick mode" in text and "GLIBC_TUNABLES" in text and "vitdepth bench --device cpu --quick" in text
 
 
@@ -71,13 +75,28 @@ def test_every_figure_is_registered_once_and_every_target_has_a_cause_and_a_prof
             assert figure.cause and figure.profile, figure.name
 
 
+def test_gpu_section_reports_its_figures_from_results(quick_bench, tmp_path):
+    """What --device cuda writes, from stand-in results (no GPU here): f's table and figures."""
+    doc = json.loads((quick_bench / "bench.json").read_text())
+    results = {**doc["results"], "f": {
+        "gpu": "stand-in", "precision": "bf16-mixed", "compiled_images_per_s": {"lightning": 1e4, "bare": 2e4},
+        "compiled_timings": {}, "mfu_bf16_eager": 0.2, "mfu_bf16_eager_bare": 0.25,
+        "mfu_bf16_compile": 0.5, "mfu_bf16_compile_bare": 0.55}}
+    meta = {k: v for k, v in doc.items() if k not in ("plan", "figures", "results")}
+    write_report(tmp_path, results, GPU, meta)
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert set(written["figures"]) == {f.name for f in figures(GPU)}
+    assert written["figures"]["mfu_bf16_compile"] | {"pass": True} == written["figures"]["mfu_bf16_compile"]
+    text = (tmp_path / "bench.md").read_text()
+    assert "## f. GPU: bf16-mixed, torch.compile" in text and "| ours (Lightning) | 0.200 | 0.500 |" in text
+    assert "Not run" not in text
+
+
 def test_a_failed_section_is_reported_and_the_rest_still_written(quick_bench, tmp_path):
     doc = json.loads((quick_bench / "bench.json").read_text())
     results = {k: v for k, v in doc["results"].items() if k != "c"}
     results["errors"] = {"c": "RuntimeError: boom"}
     meta = {k: v for k, v in doc.items() if k not in ("plan", "figures", "results")}
-    from vitdepth.bench.report import write_report
-
     write_report(tmp_path, results, CPU, meta)
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["figures"]["metrics_s_d12_b256"]["value"] is None
