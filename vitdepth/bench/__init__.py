@@ -1,7 +1,7 @@
 """``vitdepth bench``: speed figures against their targets, measured side by side in one process.
 
-    vitdepth bench --out results/bench                  # CPU, full sizes (minutes)
-    vitdepth bench --quick --out /tmp/bench             # tiny sizes: checks the code, not the speed
+    vitdepth bench --out results/bench              # CPU, full sizes (minutes)
+    vitdepth bench --quick --out /tmp/bench         # tiny sizes: checks the code, not the speed
     vitdepth bench --device cuda --out results/bench/h200
 
 One module a section, each defining its figures (name, target, known cause, profile on a miss)

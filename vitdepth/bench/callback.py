@@ -44,18 +44,20 @@ def measure(bench: Bench) -> dict:
     steps = plan.epoch_images // plan.train.batch_size
     probe_s = float(np.median(bench.probe_seconds))
     epoch_s = steps * step.median
-    return {"probe_s": probe_s, "probe_seconds": bench.probe_seconds, "probe_images": plan.probe_size,
+    return {"probe_s": probe_s, "probe_seconds": bench.probe_seconds,
+            "probe_images": plan.probe_size,
             "step_s": step.median, "steps_per_epoch": steps, "epoch_images": plan.epoch_images,
             "epoch_s_scaled": epoch_s, "callback_overhead": probe_s / epoch_s}
 
 
 def render(b: dict, plan: Plan) -> list[str]:
-    return [f"RankCollapseCallback(every_n_epochs=1, probe_size={b['probe_images']}) timed around each "
-            "whole probe (forward, metrics, layers.csv, logging) during the training runs of a: median "
-            f"of {len(b['probe_seconds'])} probes = {b['probe_s']:.3g} s.",
-            f"**Scaled, not run:** a {b['epoch_images']:,}-image epoch = {b['steps_per_epoch']} steps x "
-            f"{b['step_s'] * 1e3:.1f} ms (the Lightning step of a) = {b['epoch_s_scaled']:.1f} s, "
-            f"without validation. Overhead = probe / epoch = {b['callback_overhead']:.4f}.", ""]
+    return [f"RankCollapseCallback(every_n_epochs=1, probe_size={b['probe_images']}) timed around "
+            "each whole probe (forward, metrics, layers.csv, logging) during the training runs of "
+            f"a: median of {len(b['probe_seconds'])} probes = {b['probe_s']:.3g} s.",
+            f"**Scaled, not run:** a {b['epoch_images']:,}-image epoch = {b['steps_per_epoch']} "
+            f"steps x {b['step_s'] * 1e3:.1f} ms (the Lightning step of a) = "
+            f"{b['epoch_s_scaled']:.1f} s, without validation. Overhead = probe / epoch = "
+            f"{b['callback_overhead']:.4f}.", ""]
 
 
 def probe_profile(bench: Bench) -> list[dict]:
@@ -65,7 +67,8 @@ def probe_profile(bench: Bench) -> list[dict]:
     shape = dataclasses.replace(plan.train, batch_size=plan.probe_size)
     model, images = probe_inputs(shape, torch.device(plan.device))
     title = f"one probe_metrics call ({plan.probe_size} images, {plan.train.label()})"
-    return [{"title": title, **profiling.top_ops(lambda: probe_metrics(model, images), plan.device)}]
+    return [{"title": title,
+             **profiling.top_ops(lambda: probe_metrics(model, images), plan.device)}]
 
 
 SECTION = Section("b", "Rank-collapse callback overhead", measure=measure, render=render,
@@ -73,6 +76,6 @@ SECTION = Section("b", "Rank-collapse callback overhead", measure=measure, rende
     Figure("callback_overhead",
            "one rank-collapse probe (default: every epoch, 256 images) / a 50,000-image epoch",
            ("callback_overhead",), "<=", 0.02,
-           "The probe's cost is one eager forward of the probe batch plus float64 metrics; see the "
-           "profile.", probe_profile),
+           "The probe's cost is one eager forward of the probe batch plus float64 metrics; see "
+           "the profile.", probe_profile),
 ))

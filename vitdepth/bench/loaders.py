@@ -30,7 +30,8 @@ CIFAR_TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 
 
 def write_fake_cifar10(root: Path, per_batch: int, seed: int = 0) -> Path:
-    """CIFAR-10's python format (pickled dicts, str keys, uint8 rows of R, G, B planes) with random pixels."""
+    """CIFAR-10's python format (pickled dicts, str keys, uint8 rows of R, G, B planes) with
+    random pixels."""
     folder = Path(root) / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -38,13 +39,15 @@ def write_fake_cifar10(root: Path, per_batch: int, seed: int = 0) -> Path:
         batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
                  "labels": [i % 10 for i in range(per_batch)]}
         (folder / name).write_bytes(pickle.dumps(batch))
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}))
+    meta = {"label_names": [f"class{i}" for i in range(10)]}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
     return Path(root)
 
 
 @contextlib.contextmanager
 def cifar_md5_skipped() -> Iterator[None]:
-    """Inside this block torchvision's CIFAR readers accept any existing file (benchmark use only)."""
+    """Inside this block torchvision's CIFAR readers accept any existing file (benchmark use
+    only)."""
     import torchvision.datasets.cifar as cifar
 
     saved = cifar.check_integrity
@@ -105,7 +108,8 @@ def cases(plan: Plan) -> list[tuple[str, str, dict, bool]]:
     rows = [(name, name, host, not plan.resident_data) for name in plan.loaders]
     return rows + [(f"cifar10 ({RECIPE})", "cifar10", {**RECIPE_AUGMENT, **host}, False),
                    (ON_DEVICE, "cifar10", {"on_device": True}, plan.resident_data),
-                   (f"{ON_DEVICE} ({RECIPE})", "cifar10", {**RECIPE_AUGMENT, "on_device": True}, False)]
+                   (f"{ON_DEVICE} ({RECIPE})", "cifar10", {**RECIPE_AUGMENT, "on_device": True},
+                    False)]
 
 
 def measure(bench: Bench) -> dict:
@@ -120,20 +124,24 @@ def measure(bench: Bench) -> dict:
             loader = data_module(name, plan, root, batches, **options).train_dataloader()
             device = torch.device(plan.device if options.get("on_device") else "cpu")
             timing, images = loader_timing(loader, batches, plan.loader_repeats, device)
-        except Exception as error:  # noqa: BLE001 - reported in the table, the other rows still run
+        except Exception as error:  # noqa: BLE001 - reported in its row; the others still run
             rows[label] = {"error": f"{type(error).__name__}: {error}", "default": default}
             continue
         key = LOADER_SHAPES[name]
         if key not in steps:
-            shape = dataclasses.replace(plan.train, **dict(zip(("img_size", "in_chans", "patch_size"), key)))
+            img_size, in_chans, patch_size = key
+            shape = dataclasses.replace(plan.train, img_size=img_size, in_chans=in_chans,
+                                        patch_size=patch_size)
             steps[key] = shape, loops.step_timing(shape, plan)
         rows[label] = _row(timing, images, *steps[key], default=default)
-    candidates = [(k, r["loader_over_step"]) for k, r in rows.items()
-                  if r["default"] and "error" not in r and k.startswith(ON_DEVICE) == plan.resident_data]
+    candidates = [(k, r["loader_over_step"]) for k, r in rows.items() if r["default"]
+                  and "error" not in r and k.startswith(ON_DEVICE) == plan.resident_data]
     source, figure = min(candidates, key=lambda kv: kv[1])
-    return {"loaders": rows, "loader_over_step": figure, "limited_by": source, "batches_per_pass": batches,
+    return {"loaders": rows, "loader_over_step": figure, "limited_by": source,
+            "batches_per_pass": batches,
             "device_loader_over_pil_per_core": _over(rows, ON_DEVICE, "cifar10"),
-            "device_recipe_over_pil_per_core": _over(rows, f"{ON_DEVICE} ({RECIPE})", f"cifar10 ({RECIPE})")}
+            "device_recipe_over_pil_per_core": _over(rows, f"{ON_DEVICE} ({RECIPE})",
+                                                     f"cifar10 ({RECIPE})")}
 
 
 def _over(rows: dict, device: str, pil: str) -> float | None:
@@ -146,28 +154,33 @@ def _over(rows: dict, device: str, pil: str) -> float | None:
 def _row(timing: Timing, images: int, shape: StepShape, step: Timing, default: bool) -> dict:
     loader_rate = 1 / timing.median
     step_rate = shape.batch_size / step.median
-    return {"loader_images_per_s": loader_rate, "images_per_pass": images, "loader_timing": timing.as_dict(),
-            "step_shape": shape.label(), "step_images_per_s": step_rate, "step_timing": step.as_dict(),
+    return {"loader_images_per_s": loader_rate, "images_per_pass": images,
+            "loader_timing": timing.as_dict(), "step_shape": shape.label(),
+            "step_images_per_s": step_rate, "step_timing": step.as_dict(),
             "loader_over_step": loader_rate / step_rate, "default": default}
 
 
 def render(d: dict, plan: Plan) -> list[str]:
-    where = ("the device-resident path is the default (GPU training reads it); host loaders are listed"
+    where = ("the device-resident path is the default (GPU training reads it); host loaders are "
+             "listed"
              if plan.resident_data else
              "rows in italics are not data-module defaults and are left out of the minimum")
-    lines = [f"Train loaders at their defaults (augmenting, `num_workers=0`), the first "
-             f"{d['batches_per_pass']} batches of a fresh pass, median over passes; the step is the bare "
-             "loop on fixed batches of the same shape. CIFAR-10 reads a fake copy in the real format (MD5 "
-             "check replaced by an existence check inside the benchmark only). Figure = the minimum ratio "
-             f"over default loaders; {where}. Limiting: **{d['limited_by']}**.", "",
-             "| loader | loader images/s | step images/s | ratio | step shape |", "|---|---|---|---|---|"]
+    lines = ["Train loaders at their defaults (augmenting, `num_workers=0`), the first "
+             f"{d['batches_per_pass']} batches of a fresh pass, median over passes; the step is "
+             "the bare loop on fixed batches of the same shape. CIFAR-10 reads a fake copy in the "
+             "real format (MD5 check replaced by an existence check inside the benchmark only). "
+             f"Figure = the minimum ratio over default loaders; {where}. Limiting: "
+             f"**{d['limited_by']}**.", "",
+             "| loader | loader images/s | step images/s | ratio | step shape |",
+             "|---|---|---|---|---|"]
     for name, r in d["loaders"].items():
         label = name if r["default"] else f"*{name}*"
         if "error" in r:
             lines.append(f"| {label} | fails: `{r['error']}` | | | |")
             continue
-        lines.append(f"| {label} | {r['loader_images_per_s']:,.0f} | {r['step_images_per_s']:,.1f} | "
-                     f"{r['loader_over_step']:.1f} | {r['step_shape']} |")
+        lines.append(f"| {label} | {r['loader_images_per_s']:,.0f} | "
+                     f"{r['step_images_per_s']:,.1f} | {r['loader_over_step']:.1f} | "
+                     f"{r['step_shape']} |")
     return lines + ["", *device_over_pil(d, plan), ""]
 
 
@@ -177,14 +190,14 @@ def device_over_pil(d: dict, plan: Plan) -> list[str]:
                                                          "device_recipe_over_pil_per_core"))
     where = (" (this run)." if plan.device == "cuda" else
              ": `vitdepth bench --device cuda` measures it there.")
-    return [f"On-device CIFAR-10 over PIL on one core: {ratio}. Both sides are the data module's own "
-            "train loader (`--data.on_device true` against `false`, `num_workers=0`, so the PIL side uses "
-            "one core; with workers it scales by their count). The recipe's ratio is not expected to be "
-            "large on a CPU: RandAugment's operations (rotations and shears through `grid_sample`, "
-            "equalize's histograms, sharpness's convolution) cost as much per pixel in a batched tensor "
-            "as in PIL, and drawing the operations per image runs each of Kornia's 15 candidates on a "
-            "sub-batch, 30 calls a batch. Batching pays off on a GPU, where those calls run in parallel "
-            "over the batch" + where]
+    return [f"On-device CIFAR-10 over PIL on one core: {ratio}. Both sides are the data module's "
+            "own train loader (`--data.on_device true` against `false`, `num_workers=0`, so the "
+            "PIL side uses one core; with workers it scales by their count). The recipe's ratio "
+            "is not expected to be large on a CPU: RandAugment's operations (rotations and shears "
+            "through `grid_sample`, equalize's histograms, sharpness's convolution) cost as much "
+            "per pixel in a batched tensor as in PIL, and drawing the operations per image runs "
+            "each of Kornia's 15 candidates on a sub-batch, 30 calls a batch. Batching pays off "
+            "on a GPU, where those calls run in parallel over the batch" + where]
 
 
 def loader_profile(bench: Bench, label: str) -> list[dict]:
@@ -198,22 +211,26 @@ def loader_profile(bench: Bench, label: str) -> list[dict]:
             if i == 3:
                 break
 
-    return [{"title": f"four batches of the {label} train loader", **profiling.top_functions(one_pass)}]
+    title = f"four batches of the {label} train loader"
+    return [{"title": title, **profiling.top_functions(one_pass)}]
 
 
-SECTION = Section("d", "Data loaders vs the training step", measure=measure, render=render, figures=(
+SECTION = Section("d", "Data loaders vs the training step", measure=measure, render=render,
+                  figures=(
     Figure("loader_over_step",
-           "train-loader images/s / training-step images/s at the same shape (min over data modules)",
+           "train-loader images/s / training-step images/s at the same shape (min over data "
+           "modules)",
            ("loader_over_step",), ">=", 5,
            "The limiting loader's own per-image Python work; see the function profile.",
            lambda bench: loader_profile(bench, bench.results["d"]["limited_by"])),
     Figure("device_loader_over_pil_per_core",
-           "images/s of the data module's on-device CIFAR-10 train loader (`--data.on_device true`: "
-           "crop, flip, normalise) / its PIL loader on one core",
+           "images/s of the data module's on-device CIFAR-10 train loader (`--data.on_device "
+           "true`: crop, flip, normalise) / its PIL loader on one core",
            ("device_loader_over_pil_per_core",), ">=", 5,
-           "On the CPU the on-device loader runs on the same cores as the step; see the function profile.",
+           "On the CPU the on-device loader runs on the same cores as the step; see the function "
+           "profile.",
            lambda bench: loader_profile(bench, ON_DEVICE)),
     Figure("device_recipe_over_pil_per_core",
-           "the same with the published recipe (RandAugment and random erasing; on the device Kornia's "
-           "RandAugment per image)", ("device_recipe_over_pil_per_core",)),
+           "the same with the published recipe (RandAugment and random erasing; on the device "
+           "Kornia's RandAugment per image)", ("device_recipe_over_pil_per_core",)),
 ))

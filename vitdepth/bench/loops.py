@@ -51,7 +51,8 @@ def quiet_lightning() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def autocast_for(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+def autocast_for(precision: str,
+                 device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
     """The autocast context Lightning's precision plugin uses for ``precision``."""
     if precision == "bf16-mixed":
         return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
@@ -94,7 +95,8 @@ class BareLoop:
                  compile: bool = False) -> None:
         self.model = model.to(device).train()
         self.forward = torch.compile(self.model) if compile else self.model
-        self.optimizer = create_optimizer_v2(self.model, opt="adamw", lr=LR, weight_decay=WEIGHT_DECAY)
+        self.optimizer = create_optimizer_v2(self.model, opt="adamw", lr=LR,
+                                             weight_decay=WEIGHT_DECAY)
         self.autocast = autocast_for(precision, device)
         self.device = device
 
@@ -107,7 +109,8 @@ class BareLoop:
         return loss
 
     def windows(self, batches: Iterator, plan: Plan) -> Timing:
-        """``plan.warmup`` untimed steps, then one window of ``plan.calls`` steps (fetch included)."""
+        """``plan.warmup`` untimed steps, then one window of ``plan.calls`` steps (fetch
+        included)."""
         sync = synchronizer(self.device)
         for _ in range(plan.warmup):
             self.step(*_on(next(batches), self.device))

@@ -39,7 +39,8 @@ def metrics_workload(shape: StepShape, device: torch.device):
     return (lambda: meter_pass(stored, prefix)), model, images
 
 
-def metric_timings(shape: StepShape, device: torch.device, repeats: int, forward: bool = True) -> dict:
+def metric_timings(shape: StepShape, device: torch.device, repeats: int,
+                   forward: bool = True) -> dict:
     """Seconds of all the metrics on stored layers; with ``forward`` also of the probe's forward
     pass (hooks and attention maps, no metrics) and of the whole ``probe_metrics`` as a check."""
     sync = synchronizer(device)
@@ -60,7 +61,8 @@ def measure(bench: Bench) -> dict:
     headline = metric_timings(plan.metrics, device, plan.metric_repeats)
 
     def seconds(shape: StepShape) -> float:
-        return metric_timings(shape, device, plan.metric_repeats, forward=False)["metrics"]["median_s"]
+        timings = metric_timings(shape, device, plan.metric_repeats, forward=False)
+        return timings["metrics"]["median_s"]
 
     return {"headline": headline, "metrics_s": headline["metrics"]["median_s"],
             "scaling": scaling.sweep(plan, seconds)}
@@ -78,23 +80,26 @@ def render(c: dict, plan: Plan) -> list[str]:
         seconds = f"**{seconds}**" if key == "metrics" else seconds
         lines.append(f"| {label} | {seconds} | {h[key]['spread']:.0%} |")
     return lines + ["", *scaling.render(c["scaling"]), "",
-                    "Depth counts blocks (depth + 1 layers are measured); tokens = (image / patch)^2 + 1.",
+                    "Depth counts blocks (depth + 1 layers are measured); tokens = (image / "
+                    "patch)^2 + 1.",
                     ""]
 
 
 def metrics_profiles(bench: Bench) -> list[dict]:
-    """Two profiles: as measured, and on one thread. torch.profiler records only the calling thread,
-    so the first misses LAPACK's eigvalsh, which ``eigvalsh_in_threads`` runs in worker threads."""
+    """Two profiles: as measured, and on one thread. torch.profiler records only the calling
+    thread, so the first misses LAPACK's eigvalsh, which ``eigvalsh_in_threads`` runs in worker
+    threads."""
     plan = bench.plan
     workload, _, _ = metrics_workload(plan.metrics, torch.device(plan.device))
     threads = torch.get_num_threads()
-    measured = {"title": f"all metrics after the forward pass ({plan.metrics.label()}), as measured: "
-                         f"{threads} threads, eigvalsh in worker threads (not seen by the profiler)",
+    measured = {"title": f"all metrics after the forward pass ({plan.metrics.label()}), as "
+                         f"measured: {threads} threads, eigvalsh in worker threads (not seen by "
+                         "the profiler)",
                 **profiling.top_ops(workload, plan.device)}
     torch.set_num_threads(1)
     try:
-        single = {"title": "the same on one torch thread: every operator, eigvalsh included, on the "
-                           "profiled thread", **profiling.top_ops(workload, plan.device)}
+        single = {"title": "the same on one torch thread: every operator, eigvalsh included, on "
+                           "the profiled thread", **profiling.top_ops(workload, plan.device)}
     finally:
         torch.set_num_threads(threads)
     return [measured, single]
@@ -104,18 +109,19 @@ SECTION = Section("c", "Metric cost and its scaling", measure=measure, render=re
     Figure("metrics_s_d12_b256",
            "seconds for all metrics after the probe forward (depth 12, width 192, 256 images)",
            ("metrics_s",), "<=", 0.5,
-           "Analysis on the 2-vCPU development machine: the metrics run in float64 on 13 layers of "
-           "(256, 65, 192) tokens and 12 maps of (256, 3, 65, 65). The one-thread profile below shows "
-           "where the time goes: elementwise float64 products (aten::mul: the cross-layer map "
-           "similarity's column dot products and norms over 26 MB maps, and the cosine "
-           "normalisation), LAPACK's eigvalsh of 256 Gram matrices (65x65) per layer (torch solves a "
-           "batch one matrix at a time on one core; rank.eigvalsh_in_threads splits it over torch's "
-           "threads, which is why the as-measured profile does not see it), the Gram bmm, and "
-           "memory-bound passes (entr for the entropy, abs/sum for the composite norm). Shared work is "
-           "already removed (one Gram matrix for both ranks and the cosines, one residual for both "
-           "norms, one float64 cast per tensor, each map's column norms once for the two similarities "
-           "it enters; entr instead of xlogy, the same values). Eigenvalues of a 65x65 Gram matrix are "
-           "the floor in float64 (float32 floors at ~3e-4, measured on X = 1vᵀ + noise). Without "
-           "GLIBC_TUNABLES, fresh 25 MB allocations add page faults.", metrics_profiles),
+           "Analysis on the 2-vCPU development machine: the metrics run in float64 on 13 layers "
+           "of (256, 65, 192) tokens and 12 maps of (256, 3, 65, 65). The one-thread profile "
+           "below shows where the time goes: elementwise float64 products (aten::mul: the "
+           "cross-layer map similarity's column dot products and norms over 26 MB maps, and the "
+           "cosine normalisation), LAPACK's eigvalsh of 256 Gram matrices (65x65) per layer "
+           "(torch solves a batch one matrix at a time on one core; rank.eigvalsh_in_threads "
+           "splits it over torch's threads, which is why the as-measured profile does not see "
+           "it), the Gram bmm, and memory-bound passes (entr for the entropy, abs/sum for the "
+           "composite norm). Shared work is already removed (one Gram matrix for both ranks and "
+           "the cosines, one residual for both norms, one float64 cast per tensor, each map's "
+           "column norms once for the two similarities it enters; entr instead of xlogy, the same "
+           "values). Eigenvalues of a 65x65 Gram matrix are the floor in float64 (float32 floors "
+           "at ~3e-4, measured on X = 1vᵀ + noise). Without GLIBC_TUNABLES, fresh 25 MB "
+           "allocations add page faults.", metrics_profiles),
     *scaling.FIGURES,
 ))

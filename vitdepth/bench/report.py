@@ -44,7 +44,8 @@ def _target(f: dict) -> str:
 def markdown(figs: dict, results: dict, plan, meta: dict) -> str:
     lines = [*header(plan, meta), "## Figures", "", "| figure | value | target | result | what |",
              "|---|---|---|---|---|"]
-    lines += [f"| `{name}` | {fmt(f['value'])} | {_target(f)} | {_result(f)} | ({f['section']}) {f['what']} |"
+    lines += [f"| `{name}` | {fmt(f['value'])} | {_target(f)} | {_result(f)} | ({f['section']}) "
+              f"{f['what']} |"
               for name, f in figs.items()]
     lines += ["", *machine_section(meta, plan)]
     for section in SECTIONS:
@@ -66,15 +67,15 @@ def section_lines(section: Section, results: dict, plan) -> list[str]:
 def header(plan, meta: dict) -> list[str]:
     lines = [f"# vitdepth bench: {meta['title']}", ""]
     if plan.quick:
-        lines += ["**Quick mode**: tiny sizes and few repeats; the numbers only show that the code runs. "
-                  "Targets are for the full benchmark.", ""]
+        lines += ["**Quick mode**: tiny sizes and few repeats; the numbers only show that the "
+                  "code runs. Targets are for the full benchmark.", ""]
     cpus = meta["hardware"]["cpu_count"]
-    loaded = max(meta["load_start"], meta["load_end"]) > 0.5 * cpus
-    return lines + [f"- Command: `{meta['command']}`",
-                    f"- When: {meta['started']} ({meta['wall_s']:.0f} s); {_git(meta['git'])}",
-                    f"- Load average (1 min) at start / end: {meta['load_start']} / {meta['load_end']} on "
-                    f"{cpus} logical CPUs"
-                    + (" (a loaded machine: compare ratios, not absolute rates)" if loaded else ""), ""]
+    load = (f"- Load average (1 min) at start / end: {meta['load_start']} / {meta['load_end']} "
+            f"on {cpus} logical CPUs")
+    if max(meta["load_start"], meta["load_end"]) > 0.5 * cpus:
+        load += " (a loaded machine: compare ratios, not absolute rates)"
+    when = f"- When: {meta['started']} ({meta['wall_s']:.0f} s); {_git(meta['git'])}"
+    return lines + [f"- Command: `{meta['command']}`", when, load, ""]
 
 
 def machine_section(meta: dict, plan) -> list[str]:
@@ -92,10 +93,10 @@ def machine_section(meta: dict, plan) -> list[str]:
         lines += ["", "**malloc advice (CPU).** glibc returns large freed blocks to the OS and "
                   "page-faults them back on the next allocation. With", "",
                   f"    export GLIBC_TUNABLES={GLIBC_ADVICE}", "",
-                  "training steps ran 11-18% faster on the development machine (timm ViTs of width 64 "
-                  "and 192, depth 12), and the float64 metrics of c about 20-30% faster (measured while "
-                  "writing this benchmark). Ratios of a and b are affected alike on both sides; absolute "
-                  "rates, e and c are not. " + this_run]
+                  "training steps ran 11-18% faster on the development machine (timm ViTs of "
+                  "width 64 and 192, depth 12), and the float64 metrics of c about 20-30% faster "
+                  "(measured while writing this benchmark). Ratios of a and b are affected alike "
+                  "on both sides; absolute rates, e and c are not. " + this_run]
     return lines + [""]
 
 

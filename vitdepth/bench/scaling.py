@@ -26,14 +26,16 @@ def fit_power_law(xs: list[float], seconds: list[float]) -> dict:
 
 
 def sweep(plan: Plan, seconds: Callable[[StepShape], float]) -> dict:
-    """``seconds(shape)`` while one of depth, tokens and batch varies around ``plan.sweep_base``."""
+    """``seconds(shape)`` while one of depth, tokens and batch varies around
+    ``plan.sweep_base``."""
     base = plan.sweep_base
     shapes = {
         "depth": [dataclasses.replace(base, depth=d) for d in plan.sweep_depths],
         "tokens": [dataclasses.replace(base, img_size=s) for s in plan.sweep_img_sizes],
         "batch": [dataclasses.replace(base, batch_size=b) for b in plan.sweep_batches],
     }
-    x_of = {"depth": lambda s: s.depth, "tokens": lambda s: s.tokens, "batch": lambda s: s.batch_size}
+    x_of = {"depth": lambda s: s.depth, "tokens": lambda s: s.tokens,
+            "batch": lambda s: s.batch_size}
     out = {"base": base.label()}
     for factor in FACTORS:
         xs = [x_of[factor](shape) for shape in shapes[factor]]
@@ -54,7 +56,8 @@ def render(scaling: dict) -> list[str]:
     return lines
 
 
-FIGURES = tuple(Figure(f"metric_exponent_{factor}", f"fitted exponent k of metric seconds ~ {factor}^k",
+FIGURES = tuple(Figure(f"metric_exponent_{factor}", "fitted exponent k of metric seconds ~ "
+                                                    f"{factor}^k",
                        ("scaling", factor, "exponent")) for factor in FACTORS)
 
 
@@ -69,7 +72,8 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
     if scaling is None:
         fig, ax = plt.subplots(figsize=(6, 2))
         ax.axis("off")
-        ax.text(0.5, 0.5, "metric scaling not measured (section c failed; see bench.md)", ha="center")
+        ax.text(0.5, 0.5, "metric scaling not measured (section c failed; see bench.md)",
+                ha="center")
     else:
         fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
         for ax, factor in zip(axes, FACTORS):
@@ -79,14 +83,15 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
             grid = np.geomspace(xs.min(), xs.max(), 50)
             ax.loglog(grid, s["prefactor"] * grid ** s["exponent"], "-",
                       label=f"fit: t = {s['prefactor']:.2g} x^{s['exponent']:.2f}")
-            ax.set_xticks(xs, [f"{x:g}" for x in xs])  # the measured points only: minor labels overlap
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])  # measured points only: minor labels overlap
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel(factor)
             ax.set_ylabel("metric seconds")
             ax.set_title(f"{factor}: exponent {s['exponent']:.2f}")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle(f"Rank-collapse metric cost, one factor varied around {scaling['base']}\n{title}",
+        fig.suptitle("Rank-collapse metric cost, one factor varied around "
+                     f"{scaling['base']}\n{title}",
                      fontsize=9)
         fig.tight_layout()
     buffer = io.BytesIO()

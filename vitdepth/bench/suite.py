@@ -1,4 +1,5 @@
-"""Runs every section of a ``Plan`` in one process, in order, then profiles the figures that miss."""
+"""Runs every section of a ``Plan`` in one process, in order, then profiles the figures that
+miss."""
 
 from __future__ import annotations
 
@@ -36,14 +37,15 @@ def evaluate(results: dict, plan: Plan) -> dict[str, dict]:
         for figure in section.figures:
             value = figure.value(results.get(section.key))
             out[figure.name] = {"value": value, "op": figure.op, "target": figure.target,
-                                "pass": figure.passed(value), "section": section.key, "what": figure.what}
+                                "pass": figure.passed(value), "section": section.key,
+                                "what": figure.what}
     return out
 
 
 def measure(plan: Plan, root: Path) -> dict:
-    """Every section in order; a section that raises is recorded in ``results["errors"]`` (and those
-    that need it are not run) while the rest still run, so a long benchmark is never lost to one
-    failure."""
+    """Every section in order; a section that raises is recorded in ``results["errors"]`` (and
+    those that need it are not run) while the rest still run, so a long benchmark is never lost
+    to one failure."""
     seed_everything(0)
     bench = Bench(plan, root)
     errors = bench.results["errors"]

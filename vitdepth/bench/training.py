@@ -1,5 +1,6 @@
-"""a. Training throughput: ``ViTClassifier`` under Lightning against the bare loop, and our ``full``
-block against timm's stock ``Block``, in interleaved rounds of the same windows (``loops``).
+"""a. Training throughput: ``ViTClassifier`` under Lightning against the bare loop, and our
+``full`` block against timm's stock ``Block``, in interleaved rounds of the same windows
+(``loops``).
 
 The Lightning side carries b's ``TimedRankCollapse`` at the callback's defaults (no per-step
 hooks; it probes before the first and after the last step of each fit), so a's runs also time b.
@@ -50,14 +51,16 @@ LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop,
 
 
 def render(a: dict, plan: Plan) -> list[str]:
-    data = " from the device-resident loader" if plan.resident_data else " from the synthetic data module"
-    lines = [f"Model: {a['shape']}; precision {a['precision']}; AdamW from timm's `create_optimizer_v2`; "
-             "label-smoothed cross-entropy; synthetic CIFAR-shaped data (32x32x3, 10 classes)" + data + ".",
+    data = (" from the device-resident loader" if plan.resident_data else
+            " from the synthetic data module")
+    lines = [f"Model: {a['shape']}; precision {a['precision']}; AdamW from timm's "
+             "`create_optimizer_v2`; label-smoothed cross-entropy; synthetic CIFAR-shaped data "
+             "(32x32x3, 10 classes)" + data + ".",
              f"Each window times {plan.calls} steps (fetch, step and all between-step work) after "
-             f"{plan.warmup} warm-up steps; {plan.rounds} rounds interleave the three sides; value = "
-             "median window. Lightning: `limit_val_batches=0, num_sanity_val_steps=0, logger=False, "
-             "enable_checkpointing=False, enable_progress_bar=False`, with RankCollapseCallback at its "
-             "defaults (it has no per-step hooks).",
+             f"{plan.warmup} warm-up steps; {plan.rounds} rounds interleave the three sides; "
+             "value = median window. Lightning: `limit_val_batches=0, num_sanity_val_steps=0, "
+             "logger=False, enable_checkpointing=False, enable_progress_bar=False`, with "
+             "RankCollapseCallback at its defaults (it has no per-step hooks).",
              "", "| loop | images/s | ms/step | spread | windows |", "|---|---|---|---|---|"]
     for name, label in LOOPS.items():
         t = a["timings"][name]
@@ -65,8 +68,8 @@ def render(a: dict, plan: Plan) -> list[str]:
                      f"{t['spread']:.0%} | {len(t['seconds'])} x {t['calls_per_repeat']} |")
     bare_ms = a["timings"]["bare"]["median_s"] * 1e3
     extra_ms = a["timings"]["lightning"]["median_s"] * 1e3 - bare_ms
-    return lines + ["", f"Lightning and our module add {extra_ms:+.1f} ms per step to the bare loop's "
-                    f"{bare_ms:.1f} ms (negative: within noise).", ""]
+    return lines + ["", f"Lightning and our module add {extra_ms:+.1f} ms per step to the bare "
+                        f"loop's {bare_ms:.1f} ms (negative: within noise).", ""]
 
 
 def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
@@ -85,20 +88,22 @@ def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
                       for a, s, n in totals[:rows]]}]
 
 
-SECTION = Section("a", "Lightning vs a bare loop; our block vs timm's", measure=measure, render=render,
-                  figures=(
-    Figure("ours_over_bare", "images/s of ViTClassifier under a Lightning Trainer / the bare PyTorch loop",
+SECTION = Section("a", "Lightning vs a bare loop; our block vs timm's", measure=measure,
+                  render=render, figures=(
+    Figure("ours_over_bare", "images/s of ViTClassifier under a Lightning Trainer / the bare "
+                             "PyTorch loop",
            ("ours_over_bare",), ">=", 0.97,
-           "Lightning's work between steps (hooks, three self.log calls, the scheduler's step_update, "
-           "the divergence flag) is per step and independent of the model, so it weighs most for small "
-           "models; the hook profile below shows where a step's time goes. On 2 shared cores the timed "
-           "windows spread by 3-4%, more than a miss by under a point: such a miss is within noise.",
+           "Lightning's work between steps (hooks, three self.log calls, the scheduler's "
+           "step_update, the divergence flag) is per step and independent of the model, so it "
+           "weighs most for small models; the hook profile below shows where a step's time goes. "
+           "On 2 shared cores the timed windows spread by 3-4%, more than a miss by under a "
+           "point: such a miss is within noise.",
            hook_profile),
     Figure("block_over_timm",
            "bare-loop images/s with our `full` block / with timm's stock `Block`, same weights",
            ("block_over_timm",), ">=", 0.98,
-           "Both run the same operators in the same order (VariantBlock adds only a Python `_add` call "
-           "and an `if` per branch); compare the two operator profiles below. A gap with equal "
-           "profiles is load noise.",
-           lambda bench: [loops.step_profile(bench.plan, "ours"), loops.step_profile(bench.plan, "timm")]),
+           "Both run the same operators in the same order (VariantBlock adds only a Python `_add` "
+           "call and an `if` per branch); compare the two operator profiles below. A gap with "
+           "equal profiles is load noise.",
+           lambda bench: [loops.step_profile(bench.plan, which) for which in ("ours", "timm")]),
 ))
