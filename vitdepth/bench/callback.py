@@ -71,11 +71,13 @@ def probe_profile(bench: Bench) -> list[dict]:
              **profiling.top_ops(lambda: probe_metrics(model, images), plan.device)}]
 
 
-SECTION = Section("b", "Rank-collapse callback overhead", measure=measure, render=render,
-                  needs=("a",), figures=(
-    Figure("callback_overhead",
-           "one rank-collapse probe (default: every epoch, 256 images) / a 50,000-image epoch",
-           ("callback_overhead",), "<=", 0.02,
-           "The probe's cost is one eager forward of the probe batch plus float64 metrics; see "
-           "the profile.", probe_profile),
-))
+SECTION = Section(
+    "b", "Rank-collapse callback overhead", measure=measure, render=render, needs=("a",),
+    figures=(
+        Figure("callback_overhead",
+               what="one rank-collapse probe (default: every epoch, 256 images) / a 50,000-image "
+               "epoch",
+               op="<=", target=0.02, profile=probe_profile,
+               cause="The probe's cost is one eager forward of the probe batch plus float64 "
+               "metrics; see the profile."),
+    ))

@@ -37,7 +37,7 @@ class Bench:
 class Figure:
     name: str
     what: str
-    source: tuple[str, ...]  # where the value lies in its section's results
+    source: tuple[str, ...] = ()  # keys to the value in the section's results; () = (name,)
     op: str | None = None  # ">=", "<=", or None for a figure reported without a target
     target: float | None = None
     cause: str = ""  # the known cause, shown beside the profile when the figure misses
@@ -46,7 +46,7 @@ class Figure:
     def value(self, section: dict | None) -> float | None:
         """The figure's value, or None where its section failed."""
         value = section
-        for key in self.source:
+        for key in self.source or (self.name,):
             if not isinstance(value, dict) or key not in value:
                 return None
             value = value[key]

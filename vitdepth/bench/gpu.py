@@ -44,16 +44,16 @@ NOT_RUN = ("## f. GPU", "",
            "and MFU at bf16-mixed, eager and compiled (e, f), at ViT-S/4 (width 384, depth 12), "
            "batch 1024, trained from the on-device CIFAR-10 path.", "")
 
-SECTION = Section("f", "GPU: bf16-mixed, torch.compile", measure=measure, render=render,
-                  needs=("a", "e"), runs=lambda plan: True in plan.compile_modes, not_run=NOT_RUN,
-                  figures=(
-    Figure("mfu_bf16_eager", "MFU of ViTClassifier (Lightning), bf16-mixed, eager",
-           ("mfu_bf16_eager",)),
-    Figure("mfu_bf16_compile",
-           "MFU of ViTClassifier (Lightning), bf16-mixed, torch.compile, vs the measured bf16 "
-           "matmul",
-           ("mfu_bf16_compile",), ">=", 0.40,
-           "See the kernel profile of a compiled step below: time outside the GEMMs (attention, "
-           "norms, the optimizer) and launch gaps.",
-           lambda bench: [loops.step_profile(bench.plan, "ours", compile=True)]),
-))
+SECTION = Section(
+    "f", "GPU: bf16-mixed, torch.compile", measure=measure, render=render, needs=("a", "e"),
+    runs=lambda plan: True in plan.compile_modes, not_run=NOT_RUN,
+    figures=(
+        Figure("mfu_bf16_eager", what="MFU of ViTClassifier (Lightning), bf16-mixed, eager"),
+        Figure("mfu_bf16_compile",
+               what="MFU of ViTClassifier (Lightning), bf16-mixed, torch.compile, vs the measured "
+               "bf16 matmul",
+               op=">=", target=0.40,
+               profile=lambda bench: [loops.step_profile(bench.plan, "ours", compile=True)],
+               cause="See the kernel profile of a compiled step below: time outside the GEMMs "
+               "(attention, norms, the optimizer) and launch gaps."),
+    ))

@@ -215,22 +215,22 @@ def loader_profile(bench: Bench, label: str) -> list[dict]:
     return [{"title": title, **profiling.top_functions(one_pass)}]
 
 
-SECTION = Section("d", "Data loaders vs the training step", measure=measure, render=render,
-                  figures=(
-    Figure("loader_over_step",
-           "train-loader images/s / training-step images/s at the same shape (min over data "
-           "modules)",
-           ("loader_over_step",), ">=", 5,
-           "The limiting loader's own per-image Python work; see the function profile.",
-           lambda bench: loader_profile(bench, bench.results["d"]["limited_by"])),
-    Figure("device_loader_over_pil_per_core",
-           "images/s of the data module's on-device CIFAR-10 train loader (`--data.on_device "
-           "true`: crop, flip, normalise) / its PIL loader on one core",
-           ("device_loader_over_pil_per_core",), ">=", 5,
-           "On the CPU the on-device loader runs on the same cores as the step; see the function "
-           "profile.",
-           lambda bench: loader_profile(bench, ON_DEVICE)),
-    Figure("device_recipe_over_pil_per_core",
-           "the same with the published recipe (RandAugment and random erasing; on the device "
-           "Kornia's RandAugment per image)", ("device_recipe_over_pil_per_core",)),
-))
+SECTION = Section(
+    "d", "Data loaders vs the training step", measure=measure, render=render,
+    figures=(
+        Figure("loader_over_step",
+               what="train-loader images/s / training-step images/s at the same shape (min over "
+               "data modules)",
+               op=">=", target=5,
+               profile=lambda bench: loader_profile(bench, bench.results["d"]["limited_by"]),
+               cause="The limiting loader's own per-image Python work; see the function profile."),
+        Figure("device_loader_over_pil_per_core",
+               what="images/s of the data module's on-device CIFAR-10 train loader "
+               "(`--data.on_device true`: crop, flip, normalise) / its PIL loader on one core",
+               op=">=", target=5, profile=lambda bench: loader_profile(bench, ON_DEVICE),
+               cause="On the CPU the on-device loader runs on the same cores as the step; see the "
+               "function profile."),
+        Figure("device_recipe_over_pil_per_core",
+               what="the same with the published recipe (RandAugment and random erasing; on the "
+               "device Kornia's RandAugment per image)"),
+    ))

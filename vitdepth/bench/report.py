@@ -44,9 +44,8 @@ def _target(f: dict) -> str:
 def markdown(figs: dict, results: dict, plan, meta: dict) -> str:
     lines = [*header(plan, meta), "## Figures", "", "| figure | value | target | result | what |",
              "|---|---|---|---|---|"]
-    lines += [f"| `{name}` | {fmt(f['value'])} | {_target(f)} | {_result(f)} | ({f['section']}) "
-              f"{f['what']} |"
-              for name, f in figs.items()]
+    lines += [f"| `{name}` | {fmt(f['value'])} | {_target(f)} | {_result(f)} | "
+              f"({f['section']}) {f['what']} |" for name, f in figs.items()]
     lines += ["", *machine_section(meta, plan)]
     for section in SECTIONS:
         lines += section_lines(section, results, plan)
@@ -126,5 +125,3 @@ def profile_table(table: dict) -> list[str]:
                  for k, v in row.items()]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
-
-

@@ -56,9 +56,9 @@ def render(scaling: dict) -> list[str]:
     return lines
 
 
-FIGURES = tuple(Figure(f"metric_exponent_{factor}", "fitted exponent k of metric seconds ~ "
-                                                    f"{factor}^k",
-                       ("scaling", factor, "exponent")) for factor in FACTORS)
+FIGURES = tuple(Figure(f"metric_exponent_{factor}", source=("scaling", factor, "exponent"),
+                       what=f"fitted exponent k of metric seconds ~ {factor}^k")
+                for factor in FACTORS)
 
 
 def plot(scaling: dict | None, path: Path, title: str) -> None:
@@ -90,9 +90,8 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
             ax.set_title(f"{factor}: exponent {s['exponent']:.2f}")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle("Rank-collapse metric cost, one factor varied around "
-                     f"{scaling['base']}\n{title}",
-                     fontsize=9)
+        fig.suptitle(f"Rank-collapse metric cost, one factor varied around {scaling['base']}\n"
+                     f"{title}", fontsize=9)
         fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)

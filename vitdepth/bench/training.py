@@ -88,22 +88,23 @@ def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
                       for a, s, n in totals[:rows]]}]
 
 
-SECTION = Section("a", "Lightning vs a bare loop; our block vs timm's", measure=measure,
-                  render=render, figures=(
-    Figure("ours_over_bare", "images/s of ViTClassifier under a Lightning Trainer / the bare "
-                             "PyTorch loop",
-           ("ours_over_bare",), ">=", 0.97,
-           "Lightning's work between steps (hooks, three self.log calls, the scheduler's "
-           "step_update, the divergence flag) is per step and independent of the model, so it "
-           "weighs most for small models; the hook profile below shows where a step's time goes. "
-           "On 2 shared cores the timed windows spread by 3-4%, more than a miss by under a "
-           "point: such a miss is within noise.",
-           hook_profile),
-    Figure("block_over_timm",
-           "bare-loop images/s with our `full` block / with timm's stock `Block`, same weights",
-           ("block_over_timm",), ">=", 0.98,
-           "Both run the same operators in the same order (VariantBlock adds only a Python `_add` "
-           "call and an `if` per branch); compare the two operator profiles below. A gap with "
-           "equal profiles is load noise.",
-           lambda bench: [loops.step_profile(bench.plan, which) for which in ("ours", "timm")]),
-))
+SECTION = Section(
+    "a", "Lightning vs a bare loop; our block vs timm's", measure=measure, render=render,
+    figures=(
+        Figure("ours_over_bare",
+               what="images/s of ViTClassifier under a Lightning Trainer / the bare PyTorch loop",
+               op=">=", target=0.97, profile=hook_profile,
+               cause="Lightning's work between steps (hooks, three self.log calls, the "
+               "scheduler's step_update, the divergence flag) is per step and independent of the "
+               "model, so it weighs most for small models; the hook profile below shows where a "
+               "step's time goes. On 2 shared cores the timed windows spread by 3-4%, more than a "
+               "miss by under a point: such a miss is within noise."),
+        Figure("block_over_timm",
+               what="bare-loop images/s with our `full` block / with timm's stock `Block`, same "
+               "weights",
+               op=">=", target=0.98,
+               profile=lambda bench: [loops.step_profile(bench.plan, w) for w in ("ours", "timm")],
+               cause="Both run the same operators in the same order (VariantBlock adds only a "
+               "Python `_add` call and an `if` per branch); compare the two operator profiles "
+               "below. A gap with equal profiles is load noise."),
+    ))
