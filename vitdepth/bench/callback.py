@@ -15,6 +15,7 @@ from vitdepth.bench.metric_cost import probe_inputs
 from vitdepth.bench.plan import Plan
 from vitdepth.bench.timing import synchronizer
 from vitdepth.callbacks import RankCollapseCallback
+from vitdepth.probe import probe_metrics
 
 
 class TimedRankCollapse(RankCollapseCallback):
@@ -45,9 +46,9 @@ def measure(bench: Bench) -> dict:
     probe_s = float(np.median(bench.probe_seconds))
     epoch_s = steps * step.median
     return {"probe_s": probe_s, "probe_seconds": bench.probe_seconds,
-            "probe_images": plan.probe_size,
-            "step_s": step.median, "steps_per_epoch": steps, "epoch_images": plan.epoch_images,
-            "epoch_s_scaled": epoch_s, "callback_overhead": probe_s / epoch_s}
+            "probe_images": plan.probe_size, "step_s": step.median, "steps_per_epoch": steps,
+            "epoch_images": plan.epoch_images, "epoch_s_scaled": epoch_s,
+            "callback_overhead": probe_s / epoch_s}
 
 
 def render(b: dict, plan: Plan) -> list[str]:
@@ -61,8 +62,7 @@ def render(b: dict, plan: Plan) -> list[str]:
 
 
 def probe_profile(bench: Bench) -> list[dict]:
-    from vitdepth.probe import probe_metrics
-
+    """The operators of one probe (forward and metrics) at a's model and the probe's size."""
     plan = bench.plan
     shape = dataclasses.replace(plan.train, batch_size=plan.probe_size)
     model, images = probe_inputs(shape, torch.device(plan.device))

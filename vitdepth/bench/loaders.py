@@ -161,10 +161,11 @@ def _row(timing: Timing, images: int, shape: StepShape, step: Timing, default: b
 
 
 def render(d: dict, plan: Plan) -> list[str]:
-    where = ("the device-resident path is the default (GPU training reads it); host loaders are "
-             "listed"
-             if plan.resident_data else
-             "rows in italics are not data-module defaults and are left out of the minimum")
+    if plan.resident_data:
+        where = ("the device-resident path is the default (GPU training reads it); host loaders "
+                 "are listed")
+    else:
+        where = "rows in italics are not data-module defaults and are left out of the minimum"
     lines = ["Train loaders at their defaults (augmenting, `num_workers=0`), the first "
              f"{d['batches_per_pass']} batches of a fresh pass, median over passes; the step is "
              "the bare loop on fixed batches of the same shape. CIFAR-10 reads a fake copy in the "
