@@ -5,8 +5,12 @@ import json
 import pytest
 import torch
 
-from vitdepth.bench.report import CUDA_TARGETS, TARGETS
+from vitdepth.bench.plan import make_plan
+from vitdepth.bench.report import write_report
+from vitdepth.bench.suite import SECTIONS, figures
 from vitdepth.cli import main
+
+CPU, GPU = make_plan("cpu", quick=True), make_plan("cuda", quick=True)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +28,7 @@ def test_quick_bench_writes_every_file(quick_bench):
 
 def test_quick_bench_json_has_every_figure_and_its_provenance(quick_bench):
     doc = json.loads((quick_bench / "bench.json").read_text())
-    assert set(doc["figures"]) == set(TARGETS)  # CPU run: no GPU figures
+    assert set(doc["figures"]) == {f.name for f in figures(CPU)}  # CPU run: no GPU figures
     for name, figure in doc["figures"].items():
         assert isinstance(figure["value"], float), name
         assert figure["pass"] in (True, False, None) and (figure["pass"] is None) == (figure["op"] is None), name
@@ -43,10 +47,15 @@ def test_quick_bench_json_has_every_figure_and_its_provenance(quick_bench):
 
 def test_quick_bench_markdown_lists_every_figure_with_its_target(quick_bench):
     text = (quick_bench / "bench.md").read_text()
-    for name, target in TARGETS.items():
-        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
-        if target.op:
-            assert f"{target.op} {target.value:.3g}" in row and ("PASS" in row or "MISS" in row), row
+    for figure in figures(CPU):
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{figure.name}` |"))
+        if figure.op:
+            assert f"{figure.op} {figure.target:.3g}" in row, row
+            assert "PASS" in row or "MISS" in row, row
+    for section in SECTIONS:
+        heading = f"## {section.key}. {section.title}" if section.runs(CPU) else section.not_run[0]
+        assert heading in text
+    assert "Not run: this was a CPU benchmark" in text
     assert "Quick mode" in text and "GLIBC_TUNABLES" in text and "vitdepth bench --device cpu --quick" in text
 
 
@@ -58,19 +67,41 @@ def test_cuda_without_a_gpu_is_a_one_line_usage_error(tmp_path, monkeypatch, cap
     assert not (tmp_path / "gpu").exists()
 
 
-def test_gpu_figures_have_targets_of_their_own():
-    assert CUDA_TARGETS["mfu_bf16_compile"].value == 0.40 and not set(CUDA_TARGETS) & set(TARGETS)
+def test_every_figure_is_registered_once_and_every_target_has_a_cause_and_a_profile():
+    names = [f.name for f in figures(GPU)]
+    assert len(names) == len(set(names)) and set(names) - {f.name for f in figures(CPU)} == {
+        "mfu_bf16_eager", "mfu_bf16_compile"}
+    for figure in figures(GPU):
+        assert (figure.op is None) == (figure.target is None), figure.name
+        if figure.op:
+            assert figure.cause and figure.profile, figure.name
+
+
+def test_gpu_section_reports_its_figures_from_results(quick_bench, tmp_path):
+    """What --device cuda writes, from stand-in results (no GPU here): f's table and figures."""
+    doc = json.loads((quick_bench / "bench.json").read_text())
+    results = {**doc["results"], "f": {
+        "gpu": "stand-in", "precision": "bf16-mixed",
+        "compiled_images_per_s": {"lightning": 1e4, "bare": 2e4},
+        "compiled_timings": {}, "mfu_bf16_eager": 0.2, "mfu_bf16_eager_bare": 0.25,
+        "mfu_bf16_compile": 0.5, "mfu_bf16_compile_bare": 0.55}}
+    meta = {k: v for k, v in doc.items() if k not in ("plan", "figures", "results")}
+    write_report(tmp_path, results, GPU, meta)
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert set(written["figures"]) == {f.name for f in figures(GPU)}
+    assert written["figures"]["mfu_bf16_compile"]["pass"] is True
+    text = (tmp_path / "bench.md").read_text()
+    assert "## f. GPU: bf16-mixed, torch.compile" in text
+    assert "| ours (Lightning) | 0.200 | 0.500 |" in text
+    assert "Not run" not in text
 
 
 def test_a_failed_section_is_reported_and_the_rest_still_written(quick_bench, tmp_path):
-    from vitdepth.bench.plan import make_plan
-    from vitdepth.bench.report import write_report
-
     doc = json.loads((quick_bench / "bench.json").read_text())
     results = {k: v for k, v in doc["results"].items() if k != "c"}
     results["errors"] = {"c": "RuntimeError: boom"}
     meta = {k: v for k, v in doc.items() if k not in ("plan", "figures", "results")}
-    write_report(tmp_path, results, make_plan("cpu", quick=True), meta)
+    write_report(tmp_path, results, CPU, meta)
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["figures"]["metrics_s_d12_b256"]["value"] is None
     assert written["figures"]["ours_over_bare"]["value"] == doc["figures"]["ours_over_bare"]["value"]

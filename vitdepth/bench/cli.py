@@ -1,4 +1,5 @@
-"""``vitdepth bench``: training throughput, probe and metric cost, loaders and FLOP rate against targets.
+"""``vitdepth bench``: training throughput, probe and metric cost, loaders and FLOP rate against
+targets.
 
     vitdepth bench --out results/bench
     vitdepth bench --quick --out /tmp/bench
@@ -18,22 +19,25 @@ from vitdepth.errors import UsageError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="speed figures (Lightning vs bare, probe and metric cost, loaders, "
-                              "FLOP rate) against their targets", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="speed figures (Lightning vs bare, probe and metric cost, loaders, FLOP rate) "
+        "against their targets")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (seconds): checks the code")
-    p.add_argument("--out", type=Path, default=Path("results/bench"), help="folder for bench.json, bench.md, "
-                   "scaling.png")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes and few repeats (seconds): checks the code")
+    p.add_argument("--out", type=Path, default=Path("results/bench"),
+                   help="folder for bench.json, bench.md, scaling.png")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch.set_num_threads (default: all logical CPUs; 1 with --quick, which then stays fast "
-                   "on a shared machine, where 2 threads stall on each other)")
+                   help="torch.set_num_threads (default: all logical CPUs; 1 with --quick, which "
+                   "then stays fast on a shared machine, where 2 threads stall on each other)")
     return p
 
 
 def command_line(args: argparse.Namespace, threads: int) -> str:
-    return " ".join(["vitdepth bench", f"--device {args.device}", *(["--quick"] if args.quick else []),
-                     f"--out {args.out}", f"--threads {threads}"])
+    quick = ["--quick"] if args.quick else []
+    return " ".join(["vitdepth bench", f"--device {args.device}", *quick, f"--out {args.out}",
+                     f"--threads {threads}"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,15 +46,18 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device cuda: no CUDA GPU is visible to torch {torch.__version__}; "
                          "run on a GPU machine or use --device cpu")
-    threads = args.threads if args.threads is not None else 1 if args.quick else os.cpu_count() or 1
+    threads = args.threads
+    if threads is None:
+        threads = 1 if args.quick else os.cpu_count() or 1
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     torch.set_num_threads(threads)
 
+    from vitdepth.bench.figure import log
+    from vitdepth.bench.loops import quiet_lightning
     from vitdepth.bench.plan import make_plan
     from vitdepth.bench.report import write_report
-    from vitdepth.bench.suite import log, measure
-    from vitdepth.bench.training import quiet_lightning
+    from vitdepth.bench.suite import measure
     from vitdepth.provenance import git_state, hardware, library_versions
 
     plan = make_plan(args.device, args.quick)
@@ -60,12 +67,15 @@ def run(args: argparse.Namespace) -> int:
         results = measure(plan, Path(tmp))
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU only"
     hw = hardware()
+    title = device_name if args.device == "cuda" else hw["processor"]
+    title += " (quick)" if args.quick else ""
     meta = {
-        "command": command_line(args, threads), "started": when, "wall_s": time.monotonic() - started,
-        "device": args.device, "device_name": device_name, "quick": args.quick,
-        "title": f"{device_name if args.device == 'cuda' else hw['processor']}" + (" (quick)" if args.quick else ""),
-        "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "command": command_line(args, threads), "started": when,
+        "wall_s": time.monotonic() - started, "device": args.device, "device_name": device_name,
+        "quick": args.quick, "title": title, "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2),
         "hardware": hw, "versions": library_versions(), "git": git_state(),
     }

@@ -29,7 +29,8 @@ class StepShape:
         return (self.img_size // self.patch_size) ** 2 + 1
 
     def model_kwargs(self) -> dict:
-        """Arguments shared by ``build_vit``, ``ViTClassifier`` and timm's ``VisionTransformer``."""
+        """Arguments shared by ``build_vit``, ``ViTClassifier`` and timm's
+        ``VisionTransformer``."""
         return dict(depth=self.depth, embed_dim=self.embed_dim, num_heads=self.num_heads,
                     patch_size=self.patch_size, img_size=self.img_size, in_chans=self.in_chans,
                     num_classes=self.num_classes)
@@ -40,8 +41,10 @@ class StepShape:
                 f"({self.tokens} tokens), batch {self.batch_size}")
 
 
-# Each data module's native shape and the patch size its recipes use (configs/digits.yaml: patch 2).
-LOADER_SHAPES = {"digits": (8, 1, 2), "mnist5k": (28, 1, 4), "synthetic": (32, 3, 4), "cifar10": (32, 3, 4)}
+# Each data module's (img_size, in_chans, patch_size): its native shape and the patch size its
+# recipes use (configs/digits.yaml: patch 2).
+LOADER_SHAPES = {"digits": (8, 1, 2), "mnist5k": (28, 1, 4), "synthetic": (32, 3, 4),
+                 "cifar10": (32, 3, 4)}
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,11 @@ class Plan:
     precision: str  # Lightning precision; the bare loop uses the same autocast
     warmup: int  # untimed steps before the first window (first-call costs, allocator warm-up)
     calls: int  # steps per timed window
-    rounds: int  # rounds of (bare, timm, Lightning) windows, interleaved against load drift; with 3 on
-    # the 2-vCPU machine, Lightning/bare swung 0.94-1.03 between runs of the same code
+    # rounds of (bare, timm, Lightning) windows, interleaved against load drift; with 3 on the
+    # 2-vCPU machine, Lightning/bare swung 0.94-1.03 between runs of the same code
+    rounds: int
     compile_modes: tuple[bool, ...]  # (False, True) adds f: the same loops under torch.compile
-    resident_data: bool  # train from the device-resident CIFAR path (GPU) instead of the data module
+    resident_data: bool  # train from the device-resident CIFAR path (GPU), not the data module
     probe_size: int  # RankCollapseCallback's default is 256
     epoch_images: int  # CIFAR-10's training set
     metrics: StepShape  # the headline metric-cost point (batch = probe images)
@@ -76,21 +80,20 @@ class Plan:
 
 def make_plan(device: str, quick: bool) -> Plan:
     cuda = device == "cuda"
+    common = dict(device=device, quick=quick, precision="bf16-mixed" if cuda else "32-true",
+                  compile_modes=(False, True) if cuda else (False,), resident_data=cuda,
+                  epoch_images=50_000, loaders=tuple(LOADER_SHAPES),
+                  matmul_dtype="bfloat16" if cuda else "float32")
     if quick:
-        train = StepShape(32, 2, 2, 16)
-        metrics = StepShape(32, 3, 2, 16)
-        base = StepShape(32, 2, 2, 8)
-        return Plan(device, True, train, "bf16-mixed" if cuda else "32-true", warmup=1, calls=2, rounds=2,
-                    compile_modes=(False, True) if cuda else (False,), resident_data=cuda, probe_size=32, epoch_images=50_000,
-                    metrics=metrics, metric_repeats=2, sweep_base=base, sweep_depths=(1, 2, 4),
-                    sweep_batches=(4, 8, 16), sweep_img_sizes=(8, 16, 24), loaders=tuple(LOADER_SHAPES),
-                    loader_repeats=2, cifar_per_batch=64, matmul_n=256, matmul_dtype="bfloat16" if cuda else "float32")
-    train = StepShape(384, 12, 6, 1024) if cuda else StepShape(192, 6, 3, 128)
-    return Plan(device, False, train, "bf16-mixed" if cuda else "32-true",
+        return Plan(**common, train=StepShape(32, 2, 2, 16), warmup=1, calls=2, rounds=2,
+                    probe_size=32, metrics=StepShape(32, 3, 2, 16), metric_repeats=2,
+                    sweep_base=StepShape(32, 2, 2, 8), sweep_depths=(1, 2, 4),
+                    sweep_batches=(4, 8, 16), sweep_img_sizes=(8, 16, 24), loader_repeats=2,
+                    cifar_per_batch=64, matmul_n=256)
+    return Plan(**common, train=StepShape(384, 12, 6, 1024) if cuda else StepShape(192, 6, 3, 128),
                 warmup=10 if cuda else 2, calls=20 if cuda else 4, rounds=3 if cuda else 5,
-                compile_modes=(False, True) if cuda else (False,), resident_data=cuda, probe_size=256, epoch_images=50_000,
-                metrics=StepShape(192, 12, 3, 256), metric_repeats=3 if cuda else 5, sweep_base=StepShape(192, 4, 3, 64),
-                sweep_depths=(1, 2, 4, 8, 16), sweep_batches=(16, 32, 64, 128, 256),
-                sweep_img_sizes=(16, 24, 32, 40, 48), loaders=tuple(LOADER_SHAPES), loader_repeats=3,
-                cifar_per_batch=2000, matmul_n=8192 if cuda else 2048,
-                matmul_dtype="bfloat16" if cuda else "float32")
+                probe_size=256, metrics=StepShape(192, 12, 3, 256),
+                metric_repeats=3 if cuda else 5,
+                sweep_base=StepShape(192, 4, 3, 64), sweep_depths=(1, 2, 4, 8, 16),
+                sweep_batches=(16, 32, 64, 128, 256), sweep_img_sizes=(16, 24, 32, 40, 48),
+                loader_repeats=3, cifar_per_batch=2000, matmul_n=8192 if cuda else 2048)

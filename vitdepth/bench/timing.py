@@ -46,7 +46,8 @@ class Timing:
 
 def time_calls(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5, calls: int = 1,
                sync: Callable[[], None] = lambda: None) -> Timing:
-    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` windows of ``calls`` calls; seconds per call."""
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` windows of ``calls`` calls; seconds
+    per call."""
     for _ in range(warmup):
         fn()
     sync()
