@@ -132,3 +132,53 @@ def test_non_finite_samples_give_nan_without_raising():
         values = metric(x)
         assert torch.isfinite(values[0]), name
         assert not torch.isfinite(values[1:]).any(), name
+
+
+def plain_metrics(layers, maps, prefix):
+    """Each metric by its definition, one tensor op per formula term (no shared work): the
+    reference the probe's fused computation (vitdepth.probe.LayerMeter) must reproduce."""
+    rows = []
+    for x, a in zip(layers, maps, strict=True):
+        x = x.double()
+        row = {name: metric(x) for name, metric in TOKEN_METRICS.items()}
+        patches = x[:, prefix:]
+        unit = patches / patches.norm(dim=-1, keepdim=True)
+        cos = (unit @ unit.transpose(-1, -2)).abs()
+        n = cos.shape[-1]
+        row["token_cosine"] = (cos.sum((-1, -2)) - cos.diagonal(dim1=-2, dim2=-1).sum(-1)) / (n * (n - 1))
+        row["attn_entropy"] = attention_entropy(a).mean(-1) if a is not None else None
+        rows.append(row)
+    similarity = [None, None] + [column_cosine(p.double(), q.double()) for p, q in zip(maps[1:], maps[2:])]
+    return rows, similarity
+
+
+def column_cosine(p, q):
+    """DeepViT's cross-layer similarity by its definition: cos of matching columns, averaged."""
+    return ((p * q).sum(-2) / ((p * p).sum(-2) * (q * q).sum(-2)).sqrt()).mean((-1, -2))
+
+
+@pytest.mark.parametrize("collapsed", [False, True])
+def test_the_probes_fused_metrics_equal_each_metric_by_its_definition(collapsed):
+    from vitdepth.probe import LayerMeter
+
+    g = torch.Generator().manual_seed(0)
+    b, n, c, heads = 8, 17, 24, 2
+    layers = [torch.randn(b, n, c, generator=g) for _ in range(4)]
+    if collapsed:  # rank one plus 1e-6 noise, then exactly rank one: the ill-conditioned cases
+        v = torch.randn(b, 1, c, generator=g)
+        layers[2] = v.expand(b, n, c) + 1e-6 * torch.randn(b, n, c, generator=g)
+        layers[3] = v.expand(b, n, c).clone()
+    maps = [None] + [torch.softmax(3 * torch.randn(b, heads, n, n, generator=g), -1) for _ in range(3)]
+    meter = LayerMeter(num_prefix_tokens=1)
+    for layer, (x, a) in enumerate(zip(layers, maps, strict=True)):
+        meter(layer, x, a)
+    fused = meter.result()
+    rows, similarity = plain_metrics(layers, maps, prefix=1)
+    for layer, row in enumerate(rows):
+        for name, value in row.items():
+            if value is None:
+                assert torch.isnan(fused[name][layer]).all(), (name, layer)
+            else:
+                assert torch.allclose(fused[name][layer], value, rtol=1e-12, atol=0), (name, layer)
+        if similarity[layer] is not None:
+            assert torch.allclose(fused["attn_similarity"][layer], similarity[layer], rtol=1e-12, atol=0)

@@ -140,7 +140,8 @@ def token_cosine(x: Tensor) -> Tensor:
 def token_cosine_of_gram(gram: Tensor) -> Tensor:
     """``token_cosine`` from the token Gram matrix X Xᵀ (..., N, N), so it can share the spectrum's."""
     n = gram.shape[-1]
-    norms = gram.diagonal(dim1=-2, dim2=-1).sqrt().clamp_min(1e-12)  # as F.normalize's eps
-    cos = (gram / (norms[..., :, None] * norms[..., None, :])).abs()
-    off_diagonal = cos.sum((-1, -2)) - cos.diagonal(dim1=-2, dim2=-1).sum(-1)
-    return off_diagonal / (n * (n - 1))
+    diagonal = gram.diagonal(dim1=-2, dim2=-1)
+    inverse = 1 / diagonal.sqrt().clamp_min(1e-12)  # as F.normalize's eps
+    # sum_ij |G_ij| / (|x_i| |x_j|) as a matrix-vector product: no (N, N) matrix of cosines
+    every_pair = (gram.abs() @ inverse[..., None]).squeeze(-1).mul_(inverse).sum(-1)
+    return (every_pair - (diagonal.abs() * inverse * inverse).sum(-1)) / (n * (n - 1))
