@@ -258,7 +258,7 @@ def test_only_changed_run_directories_are_uploaded_again(tmp_path, fake_wandb, c
     assert uploaded(fake_wandb) == []
     assert "uploaded 0 of 2 run directories; 2 unchanged" in capsys.readouterr().out
     with open(runs[1] / "metrics.csv", "a") as f:  # the run trained on (or was requeued) since
-        f.write("2,29,,,0.61,0.9,1.5\n")
+        f.write("2,29,,,0.61,0.9,1.5,\n")  # every column, test/acc1 empty
     assert main(sync) == 0
     assert uploaded(fake_wandb) == [runs[1].name]
     assert main([*sync[:-1], "other-project"]) == 0  # another project has neither
