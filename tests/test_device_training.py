@@ -55,13 +55,14 @@ def test_on_device_learns_as_well_as_the_pil_path(tmp_path, cifar, cifar_md5_off
 
 
 def test_a_kill_mid_epoch_then_the_rerun_ends_equal_to_an_uninterrupted_run(tmp_path, cifar):
-    """25 steps an epoch; the kill lands in step 35, mid-epoch 1, after epoch 0's checkpoint."""
+    """10 steps an epoch; the kill lands in step 15, mid-epoch 1, after epoch 0's checkpoint."""
     reference = fit_args(cifar, tmp_path / "reference", "--data.on_device", "true", "--trainer.max_epochs", "2",
-                         "--data.auto_augment", "rand-m9-n2")
+                         "--data.auto_augment", "rand-m9-n2", "--trainer.limit_train_batches", "10",
+                         "--trainer.limit_val_batches", "2")
     done = run(KILLSWITCH, "step", 0, *reference)
     assert done.returncode == 0, done.stderr[-2000:]
     args = [a if a != str(tmp_path / "reference") else str(tmp_path / "killed") for a in reference]
-    killed = run(KILLSWITCH, "step", 35, *args)
+    killed = run(KILLSWITCH, "step", 15, *args)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     again = run(KILLSWITCH, "step", 0, *args)
     assert again.returncode == 0 and "from last.ckpt" in again.stderr, again.stderr[-2000:]
