@@ -162,7 +162,7 @@ def test_the_probes_fused_metrics_equal_each_metric_by_its_definition(collapsed)
     from vitdepth.probe import LayerMeter
 
     g = torch.Generator().manual_seed(0)
-    b, n, c, heads = 8, 17, 24, 2
+    b, n, c, heads = 40, 17, 24, 2  # two chunks of images (vitdepth.probe.CHUNK_IMAGES = 32)
     layers = [torch.randn(b, n, c, generator=g) for _ in range(4)]
     if collapsed:  # rank one plus 1e-6 noise, then exactly rank one: the ill-conditioned cases
         v = torch.randn(b, 1, c, generator=g)
