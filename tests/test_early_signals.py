@@ -90,22 +90,24 @@ def test_spearman_per_probe_epoch_by_hand(runs):
 def test_predicted_saturation_depth_and_the_first_epoch_it_matches(runs):
     assert early.measured_depths(runs, 0.5) == {"pure": 1, "skip": 2}
     assert early.predictions(runs, 0.5) == {
-        # rel_residual: log10 at epochs 0-1 is -0.52, -1, -6 (0 floored at 1e-6) for pure: depth 1;
-        # -2, -0.30, -0.30 for skip: depth 2; at init every depth ties, so depth 1.
-        "pure": {"rel_residual": [1, 1, 1], "val_acc1": [None, 2, 1]},
-        "skip": {"rel_residual": [1, 2, 2], "val_acc1": [None, 1, 2]},
+        # rel_residual (collapse onset, 1 decade): log10 at epochs 0-1 is -0.52, -1, -6 (0 floored
+        # at 1e-6) for pure: depth 4 falls out, so 2; -2, -0.30, -0.30 for skip: none falls, so 4;
+        # at init every depth ties: 4.
+        "pure": {"rel_residual": [4, 2, 2], "val_acc1": [None, 2, 1]},
+        "skip": {"rel_residual": [4, 4, 4], "val_acc1": [None, 1, 2]},
     }
     assert early.first_match([1, 1, 1], 1, EPOCHS) == rundir.INIT_EPOCH
     assert early.first_match([None, 1, 2], 2, EPOCHS) == 1
+    assert early.collapse_onset({1: -0.5, 2: -1.4, 4: -0.2, 8: -3.0}, 1.0) == 4  # 8 falls out
     assert early.first_match([2, 2, 1], 2, EPOCHS) is None  # matched early, then lost it
 
 
 def test_the_summary_states_per_variant_when_the_prediction_matches(sweep, tmp_path):
     build_report([sweep], tmp_path)
     md = (tmp_path / "summary.md").read_text()
-    assert "| pure | 1 | rel_residual | 1 | 1 | 1 | init |" in md
+    assert "| pure | 1 | rel_residual | 4 | 2 | 2 | never |" in md
     assert "| pure | 1 | val_acc1 | — | 2 | 1 | epoch 1 |" in md
-    assert "| skip | 2 | rel_residual | 1 | 2 | 2 | epoch 0 |" in md
+    assert "| skip | 2 | rel_residual | 4 | 4 | 4 | never |" in md
     assert "| skip | 2 | val_acc1 | — | 1 | 2 | epoch 1 |" in md
     assert "| 0 | 0.921 |" in md and "| init | n/a |" in md
     fig = plots.early_signals(load.load_runs([sweep]), {"pure": "C0", "skip": "C1"}, 0.5)
