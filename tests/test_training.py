@@ -168,6 +168,13 @@ def test_ddp_two_cpu_processes_log_once(tmp_path):
     layers = rows(run / "layers.csv")
     assert len(layers) == 2 * 3  # init + end probe, 3 layers each, written once
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+    # the global batch is the identity: 2 processes x 32 is the run of 1 x 64 (issue 12, item 5)
+    single = fit_args(tmp_path, "--trainer.max_epochs", "1", "--data.batch_size", "64")
+    assert run.name == resolve_run(single).run_id
+    facts = json.loads((run / "run.json").read_text())
+    assert (facts["world_size"], facts["global_batch"], facts["batch_size_per_process"]) == (2, 64, 32)
+    assert (facts["accelerator"], facts["strategy"], facts["gpu"]) == ("CPUAccelerator", "DDPStrategy", None)
+    assert facts["train_data_on"] == "host"
 
 
 def test_a_tiny_vit_really_learns_digits(tmp_path):
