@@ -37,6 +37,12 @@ def test_the_global_batch_is_the_identity_and_the_process_layout_is_not():
     assert run_id("--data.batch_size", "64", "--trainer.num_nodes", "2") != one
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a visible GPU")
+def test_auto_devices_without_a_visible_gpu_are_refused_not_guessed():
+    args = fit_args("runs", "--trainer.accelerator", "gpu", "--trainer.devices", "auto")
+    assert main(args) == 2  # here no GPU is visible: the world size behind the run id is unknown
+
+
 def test_linear_scaling_sets_the_lr_that_runs_and_is_hashed_through_it(tmp_path, capsys):
     assert run_id("--model.lr", "0.002", "--lr_base_batch", "32") == run_id("--model.lr", "0.004")
     assert run_id("--model.lr", "0.002", "--lr_base_batch", "64") == run_id("--model.lr", "0.002")

@@ -79,6 +79,9 @@ def world_size(trainer: dict) -> int:
     gpu = accelerator in ("gpu", "cuda") or (accelerator in ("auto", None) and torch.cuda.is_available())
     if devices in ("auto", -1, "-1", None):
         per_node = torch.cuda.device_count() if gpu else 1
+        if per_node == 0:  # e.g. a sweep resolving run ids on a login node without GPUs
+            raise UsageError("trainer.devices is 'auto' for a GPU accelerator but no GPU is visible here, so "
+                             "the global batch (and run id) is unknown; set --trainer.devices N")
     elif isinstance(devices, (list, tuple)):
         per_node = len(devices)
     elif isinstance(devices, str) and "," in devices:
