@@ -31,7 +31,6 @@ from vitdepth.lit.run import (
     check_world_size,
     global_batch,
     newest_checkpoint,
-    scaled_lr,
 )
 from vitdepth.provenance import library_versions
 from vitdepth.rundir import CHECKPOINTS, read_status
@@ -69,16 +68,18 @@ class VitdepthCLI(LightningCLI):
             raise _Resolved(self.identity)
 
     def _scale_lr(self) -> None:
-        """Apply ``--lr_base_batch`` to ``model.lr`` and clear it, so the saved config.yaml holds the lr
-        that ran and rerunning it does not scale twice."""
+        """Apply ``--lr_base_batch``: lr = ``model.lr`` × global batch / ``lr_base_batch`` (the linear
+        scaling rule of Goyal et al. 2017, arXiv:1706.02677, as DeiT uses with base 512). It is then
+        cleared, so the saved config.yaml holds the lr that ran and a rerun does not scale twice."""
         config = self.config[self.subcommand]
         if config.get("lr_base_batch") is None:
             return
         if config.lr_base_batch < 1:
             raise UsageError(f"--lr_base_batch must be a positive batch size, got {config.lr_base_batch}")
-        lr = scaled_lr(config.as_dict())
+        batch = global_batch(config.as_dict())
+        lr = config.model.lr * batch / config.lr_base_batch
         print(f"vitdepth: lr {config.model.lr:g} at batch {config.lr_base_batch} -> {lr:g} at global batch "
-              f"{global_batch(config.as_dict())} (--lr_base_batch)", file=sys.stderr)
+              f"{batch} (--lr_base_batch)", file=sys.stderr)
         config.model.lr, config.lr_base_batch = lr, None
 
     @override

@@ -32,7 +32,7 @@ RUNTIME_KEYS = {
     # on_device moves the training set and its augmentation to the device, as num_workers moves them
     # to worker processes; run.json records the path each start took (README, "Device-resident data")
     "data": {"root", "num_workers", "download", "on_device"},
-    # lr_base_batch is applied to model.lr before hashing (scaled_lr), so the identity sees its effect
+    # lr_base_batch is applied to model.lr before hashing (VitdepthCLI._scale_lr), so the identity sees its effect
     None: {"config", "run_root", "wandb_mode", "ckpt_path", "rank_collapse", "print_config", "seed_everything",
            "lr_base_batch"},
 }
@@ -96,14 +96,6 @@ def check_world_size(trainer: pl.Trainer, identity: RunIdentity) -> None:
     if trainer.world_size != identity.world_size:
         raise UsageError(f"the run id assumed {identity.world_size} training processes but the Trainer has "
                          f"{trainer.world_size}; set --trainer.devices and --trainer.num_nodes explicitly")
-
-
-def scaled_lr(config: dict) -> float:
-    """``model.lr`` × global batch / ``lr_base_batch`` (the linear scaling rule of Goyal et al. 2017,
-    arXiv:1706.02677, as DeiT uses with base 512), or ``model.lr`` when ``lr_base_batch`` is unset."""
-    base = config.get("lr_base_batch")
-    lr = float(config["model"]["lr"])
-    return lr * global_batch(config) / int(base) if base else lr
 
 
 class RunIdentity:
