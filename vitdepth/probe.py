@@ -11,6 +11,7 @@ precision the weights already are float32, so the model itself is probed; under 
 precision (bf16-true, 16-true) the probe runs on a float32 copy of the weights (half-precision
 values are exact in float32, so it is the same network, computed without half-precision rounding).
 A bf16 forward pass would floor the relative residual near 1e-3, far above the float32 floor.
+On a GPU the float32 pass is IEEE float32, not TF32 (see ``ieee_float32``).
 
 Layers whose forward depends on batch statistics (BatchNorm, e.g. Re-attention's) normalise with
 the statistics of the probe batch, as every training forward pass does, at init and later alike;
@@ -84,12 +85,31 @@ def batch_statistics(model: nn.Module) -> Iterator[None]:
             m.running_mean, m.running_var = mean, var
 
 
+@contextmanager
+def ieee_float32() -> Iterator[None]:
+    """float32 convolutions and matmuls in full float32 on GPUs with TF32 units, then as before.
+
+    PyTorch runs cuDNN convolutions (the patch embedding) in TF32 by default
+    (``torch.backends.cudnn.allow_tf32`` is True) and matmuls too once a user follows Lightning's
+    advice to call ``torch.set_float32_matmul_precision("high")``. TF32 keeps 10 mantissa bits, so
+    a GPU probe would report other numbers than a CPU probe of the same weights.
+    """
+    matmul, conv = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = conv
+
+
 @torch.no_grad()
 def run_probe(model: nn.Module, images: Tensor, visit: LayerVisitor) -> Tensor:
     """Forward ``images`` in eval mode, calling ``visit(layer, tokens, attn)`` as each layer finishes.
 
-    Autocast is off and BatchNorm uses the probe batch's statistics (see the module docstring); the
-    forward runs in the dtype of the model's weights, so the images are cast to it.
+    Autocast and TF32 are off and BatchNorm uses the probe batch's statistics (see the module
+    docstring); the forward runs in the dtype of the model's weights, so the images are cast to it.
     Streaming keeps memory at one layer's maps, which matters for deep ImageNet models.
     Returns the logits.
     """
@@ -105,7 +125,8 @@ def run_probe(model: nn.Module, images: Tensor, visit: LayerVisitor) -> Tensor:
     was_training = model.training
     model.eval()
     try:
-        with torch.autocast(images.device.type, enabled=False), batch_statistics(model):
+        with (torch.autocast(images.device.type, enabled=False), ieee_float32(),
+              batch_statistics(model)):
             return model(images)
     finally:
         model.train(was_training)
