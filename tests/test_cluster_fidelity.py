@@ -135,15 +135,17 @@ def test_the_callback_gets_the_probe_size_it_asks_for_or_says_why_not(tmp_path):
 
 
 class HostReads(TorchDispatchMode):
-    """Counts the ops that copy a tensor's value to the host (``bool(t)``, ``t.item()``): on a GPU
-    each one makes the host wait for the device."""
+    """Counts the ops that copy a tensor's value to the host (``bool(t)``, ``t.item()``) or a host
+    value into a new tensor (``torch.tensor(x, device=...)``, as ``self.log(name, float)`` does):
+    on a GPU each one makes the host wait for every kernel queued before it."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+                    torch.ops.aten.lift_fresh.default):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -165,7 +167,8 @@ def test_the_training_step_reads_nothing_on_the_host_and_divergence_still_stops_
     trainer = pl.Trainer(max_steps=12, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     trainer.fit(model, datamodule=ImageDataModule("digits", batch_size=32))
-    assert model.reads and set(model.reads) == {0}
+    # the first step's are Lightning's, once: self.log makes each logged name's accumulators
+    assert len(model.reads) > 1 and set(model.reads[1:]) == {0}
     if lr == 1e9:
         assert model.diverged_at is not None
         assert trainer.global_step == model.diverged_at + 2  # the diverged step, and one more before stopping

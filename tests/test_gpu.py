@@ -9,6 +9,7 @@ import copy
 import json
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from fakedata import write_fake_cifar
 from metrics_csv import final_val
@@ -17,6 +18,7 @@ from test_cluster_fidelity import fit_args, rows
 from vitdepth.cli import main
 from vitdepth.collapse.measure import load_inputs
 from vitdepth.data import ImageDataModule
+from vitdepth.lit.classifier import ViTClassifier
 from vitdepth.lit.cli import resolve_run
 from vitdepth.models import build_vit
 from vitdepth.probe import probe_metrics
@@ -112,3 +114,39 @@ def test_a_gpu_fit_trains_from_the_set_on_the_gpu_by_default(tmp_path, cifar, ci
     run = resolve_run(args).dir
     assert json.loads((run / "run.json").read_text())["train_data_on"] == "cuda:0"
     assert final_val(run)[2] > 0.6  # chance is 0.1; the CPU tests reach this on the PIL path
+
+
+def test_a_gpu_probe_solves_its_eigenvalues_on_the_cpu(monkeypatch):
+    """cuSOLVER (as torch calls it) solves 65x65 matrices one launch at a time: 1.4 s of a 1.9 s
+    probe on an H200 (results/bench/h200); LAPACK threads on the host take a fraction."""
+    solve, devices = torch.linalg.eigvalsh, []
+    monkeypatch.setattr(torch.linalg, "eigvalsh", lambda m: devices.append(m.device.type) or solve(m))
+    torch.manual_seed(0)
+    model = build_vit("full", 2, embed_dim=64, num_heads=4, patch_size=2, img_size=16, in_chans=1,
+                      num_classes=10).to(GPU)
+    metrics = probe_metrics(model, load_inputs("digits", 64, 16).to(GPU))
+    assert devices and set(devices) == {"cpu"}
+    assert metrics["effective_rank"].device.type == "cuda"
+
+
+class StepsThatMustNotWait(ViTClassifier):
+    """Training steps under torch's sync debug mode "error": an operation that makes the host wait
+    for the GPU (``.item()``, a blocking host-to-device copy) raises."""
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 0:  # Lightning makes each logged name's accumulators on the first step
+            return super().training_step(batch, batch_idx)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return super().training_step(batch, batch_idx)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_gpu_training_step_never_makes_the_host_wait():
+    model = StepsThatMustNotWait(depth=1, embed_dim=16, num_heads=2)
+    trainer = pl.Trainer(max_steps=6, accelerator="gpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(model, datamodule=ImageDataModule("digits", batch_size=32))
+    assert trainer.global_step == 6

@@ -170,19 +170,22 @@ class LayerMeter:
         self.previous: dict[int, tuple[Tensor, Tensor]] = {}
 
     def __call__(self, layer: int, x: Tensor, attn: Tensor | None) -> None:
-        """Every metric is per image, so images are measured in chunks of ``CHUNK_IMAGES``, one
-        chunk per thread with one torch thread each: a chunk's float64 tensors stay in its core's
-        cache through all the passes over them, and no operation pays to fork and join threads.
-        The operations and values are those of one whole-batch pass: the results are bit-identical.
+        """Every metric is per image, so on the CPU images are measured in chunks of
+        ``CHUNK_IMAGES``, one chunk per thread with one torch thread each: a chunk's float64
+        tensors stay in its core's cache through all the passes over them, and no operation pays
+        to fork and join threads. The operations and values are those of one whole-batch pass: the
+        results are bit-identical. A GPU measures each layer whole.
         """
-        starts = range(0, len(x), CHUNK_IMAGES)
+        on_cpu = x.device.type == "cpu"
+        size = CHUNK_IMAGES if on_cpu else len(x)
+        starts = range(0, len(x), size)
 
         def measure(start: int) -> dict[str, Tensor]:
-            end = start + CHUNK_IMAGES
+            end = start + size
             return self._chunk(start, x[start:end], None if attn is None else attn[start:end])
 
         threads = torch.get_num_threads()
-        if x.device.type != "cpu" or threads < 2:
+        if not on_cpu or threads < 2:
             chunks = [measure(start) for start in starts]
         else:
             torch.set_num_threads(1)

@@ -141,7 +141,10 @@ class ViTClassifier(LightningModule):
             loss = loss + self.hparams.diverse_patch_weight * cosine
         self.divergence.note(loss, self.global_step, self.trainer.world_size)
         self._log_train("train/loss", loss, len(images), prog_bar=True)
-        self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        # torch.full fills on the device; a float given to self.log would be copied there with
+        # torch.tensor, a blocking copy after every queued kernel (the GPU idles each step)
+        lr = torch.full((), self.optimizers().param_groups[0]["lr"], device=self.device)
+        self.log("lr", lr, on_step=True, on_epoch=False)
         return loss
 
     def _log_train(self, name: str, value: torch.Tensor, batch_size: int, prog_bar: bool = False) -> None:

@@ -6,7 +6,6 @@ import math
 
 import torch
 from torch import Tensor
-from torch.special import entr
 
 from vitdepth.metrics.rank import float64_no_autocast
 
@@ -19,8 +18,10 @@ def attention_entropy(attn: Tensor) -> Tensor:
     0 = one-hot rows ("entropy collapse", Zhai et al. 2023).
     NaN for rows with a negative entry (AttnScale and Re-attention maps may have them): no entropy.
     """
-    rows = entr(attn).sum(-1)  # entr(a) = -a log a, 0 at 0: xlogy's values, about 1.6x faster on CPU
-    rows = rows.masked_fill(rows == -math.inf, math.nan)  # entr(a < 0) = -inf
+    # a log a with log(max(a, tiny)): 0 at a = 0 as entr gives, and torch's vectorised log makes
+    # it about 1.5x faster than entr (scalar) and xlogy on CPU, with the same values
+    rows = attn.clamp_min(torch.finfo(attn.dtype).tiny).log_().mul_(attn).sum(-1).neg_()
+    rows = rows.masked_fill(attn.amin(-1) < 0, math.nan)
     return rows.mean(-1) / math.log(attn.shape[-1])
 
 

@@ -93,8 +93,12 @@ def eigvalsh_in_threads(matrices: Tensor) -> Tensor:
 
     On CPU, LAPACK solves a batch one matrix at a time on one core, and for the probe's small Gram
     matrices that is the largest single cost of the metrics; torch releases the GIL inside, so
-    Python threads run the chunks in parallel.
+    Python threads run the chunks in parallel. CUDA batches go to the CPU: cuSOLVER, as torch
+    calls it, also solves matrices larger than 32x32 one at a time, one kernel launch after
+    another, and on an H200 that took 1.4 s of a 1.9 s probe (results/bench/h200, section c).
     """
+    if matrices.device.type == "cuda":
+        return eigvalsh_in_threads(matrices.cpu()).to(matrices.device)
     flat = matrices.reshape(-1, *matrices.shape[-2:])
     workers = min(torch.get_num_threads(), flat.shape[0])
     if matrices.device.type != "cpu" or workers < 2:
