@@ -40,9 +40,10 @@ def render(f: dict, plan: Plan) -> list[str]:
 
 NOT_RUN = ("## f. GPU", "",
            "Not run: this was a CPU benchmark. On a GPU, `vitdepth bench --device cuda --out "
-           "results/bench/gpu` measures the on-device loader's images/s (d), the step time (a) "
+           "results/bench/<gpu>` measures the on-device loader's images/s (d), the step time (a) "
            "and MFU at bf16-mixed, eager and compiled (e, f), at ViT-S/4 (width 384, depth 12), "
-           "batch 1024, trained from the on-device CIFAR-10 path.", "")
+           "batch 1024, trained from the on-device CIFAR-10 path; results/bench/h200 holds a "
+           "run on an NVIDIA H200.", "")
 
 SECTION = Section(
     "f", "GPU: bf16-mixed, torch.compile", measure=measure, render=render, needs=("a", "e"),
