@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import torch
 import torchvision.datasets.cifar
 
 
@@ -26,3 +27,15 @@ def no_wandb_settings(monkeypatch, tmp_path):
     for key in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("VITDEPTH_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def tf32_allowed():
+    """What many GPU users run with: cuDNN's TF32 default and the matmul setting Lightning advises;
+    the settings are put back afterwards."""
+    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    yield
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cudnn.allow_tf32 = saved[1]

@@ -10,8 +10,8 @@ import json
 
 import pytest
 import pytorch_lightning as pl
+import test_device_training
 import torch
-from fakedata import write_fake_cifar
 from metrics_csv import final_val
 from test_cluster_fidelity import fit_args, rows
 
@@ -26,17 +26,7 @@ from vitdepth.probe import probe_metrics
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.usefixtures("no_wandb_settings")]
 GPU = torch.device("cuda")
-
-
-@pytest.fixture
-def tf32_allowed():
-    """What many users run with: cuDNN's TF32 default and Lightning's advised matmul setting."""
-    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.allow_tf32 = True
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cudnn.allow_tf32 = saved[1]
+cifar = test_device_training.cifar  # the learnable fake CIFAR-10 set, as a fixture here too
 
 
 def resolved_pairs(a: torch.Tensor, b: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,13 +68,6 @@ def test_a_bf16_mixed_gpu_fit_probes_the_init_numbers_of_a_32_true_cpu_fit(tmp_p
     assert recorded["gpu"]["probe_dtype"] == "float32"
 
 
-@pytest.fixture(scope="module")
-def cifar(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cifar")
-    write_fake_cifar(root, hundred=False, n=200, learnable=True)  # 1,000 images; 800 train
-    return root
-
-
 def test_the_gpu_resident_loader_repeats_its_batches_and_resumes_mid_epoch(cifar, cifar_md5_off):
     def loader(**kwargs):
         dm = ImageDataModule("cifar10", root=str(cifar), batch_size=32, on_device=True,
@@ -102,14 +85,9 @@ def test_the_gpu_resident_loader_repeats_its_batches_and_resumes_mid_epoch(cifar
 
 
 def test_a_gpu_fit_trains_from_the_set_on_the_gpu_by_default(tmp_path, cifar, cifar_md5_off):
-    args = ["fit", "--config", "configs/digits.yaml", "--data.dataset", "cifar10",
-            "--data.root", str(cifar), "--run_root", str(tmp_path), "--model.patch_size", "8",
-            "--model.embed_dim", "32", "--model.num_heads", "2", "--model.depth", "2",
-            "--model.warmup_epochs", "1", "--data.batch_size", "32", "--data.re_prob", "0.25",
-            "--data.auto_augment", "rand-m9-n2", "--rank_collapse.probe_size", "16",
-            "--trainer.accelerator", "gpu", "--trainer.precision", "bf16-mixed",
-            "--trainer.max_epochs", "3", "--wandb_mode", "disabled",
-            "--trainer.enable_progress_bar", "false"]
+    args = test_device_training.fit_args(
+        cifar, tmp_path, "--data.auto_augment", "rand-m9-n2", "--trainer.accelerator", "gpu",
+        "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "3")
     assert main(args) == 0
     run = resolve_run(args).dir
     assert json.loads((run / "run.json").read_text())["train_data_on"] == "cuda:0"

@@ -107,22 +107,15 @@ def test_the_probe_runs_in_float32_with_autocast_off_inside_a_bf16_autocast_regi
     assert float32[3].mean() < 1e-4  # pure attention has collapsed far below bf16's resolution here
 
 
-def test_the_probe_forward_runs_without_tf32_and_puts_the_users_settings_back():
+def test_the_probe_forward_runs_without_tf32_and_puts_the_users_settings_back(tf32_allowed):
     """On GPUs cuDNN convolutions default to TF32 and Lightning advises TF32 matmuls: a probe
     under them would report other numbers than on a CPU (tests/test_gpu.py measures that)."""
     model, images = digits_model("pure", depth=2)
     seen = []
     model.patch_embed.register_forward_hook(lambda *_: seen.append(
         (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)))
-    user = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.allow_tf32 = True
-    try:
-        probe_metrics(model, images)
-        after = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    finally:
-        torch.set_float32_matmul_precision(user[0])
-        torch.backends.cudnn.allow_tf32 = user[1]
+    probe_metrics(model, images)
+    after = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     assert seen == [("highest", False)]
     assert after == ("high", True)
 
