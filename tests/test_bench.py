@@ -108,3 +108,15 @@ def test_a_failed_section_is_reported_and_the_rest_still_written(quick_bench, tm
     text = (tmp_path / "bench.md").read_text()
     assert "RuntimeError: boom" in text and "**ERROR**" in text
     assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_the_spectrum_floor_times_the_very_eigenvalues_the_metrics_rank():
+    """``metrics_spectrum_s`` is a floor only if it computes what the ranks are made of."""
+    from vitdepth.bench.metric_cost import SpectrumMeter, metrics_workload
+    from vitdepth.metrics import effective_rank_of_spectrum, stable_rank_of_spectrum
+
+    metrics, _, _ = metrics_workload(CPU.metrics, torch.device("cpu"))
+    every, spectra = metrics(), metrics(SpectrumMeter)
+    assert spectra["sigma2"].shape[:2] == every["effective_rank"].shape  # (layers, images)
+    assert torch.equal(effective_rank_of_spectrum(spectra["sigma2"]), every["effective_rank"])
+    assert torch.equal(stable_rank_of_spectrum(spectra["sigma2"]), every["stable_rank"])
