@@ -141,10 +141,9 @@ SECTION = Section(
                "collapsed X is set by eigenvalues at rounding level, so any other Gram summation "
                "order or eigen-solver moves it by ~1e-6 on X = 1vT + noise, and float32 floors "
                "at ~3e-4. Where that figure alone exceeds the target, no implementation that keeps "
-               "the values meets it on that machine. The same code took 0.64 s and 0.94 s on an "
-               "Intel Xeon (2026-12-04, results/bench at c08cbf3) and 1.7-1.8 s on an AMD EPYC "
-               "(2026-12-05, results/bench/epyc), whose MKL kernels are slower. The as-measured "
-               "profile sees only the concatenation: the work runs in worker threads."),
+               "the values meets it on that machine. The same code took 0.64-0.94 s on an Intel "
+               "Xeon (2026-12-04, results/bench at c08cbf3) and 2.2 s on an AMD EPYC (2026-12-05; "
+               "the spectra alone 0.90 s, above the target). The as-measured profile sees only the concatenation: the work runs in worker threads."),
         Figure("metrics_spectrum_s_d12_b256", source=("spectrum_s",),
                what="of those seconds, the Gram matrices and their eigenvalues alone (the part "
                "the 1e-12 rule fixes: a floor under `metrics_s_d12_b256` on this machine)"),
