@@ -43,3 +43,23 @@ def test_results_readme_lists_every_results_folder():
     assert folders - listed == set(), "add a row for each to results/README.md"
     assert listed - folders == set(), "rows of results/README.md without a folder"
 
+
+
+
+def committed_run_folders() -> list[Path]:
+    return sorted(p.parent for p in (REPO / "results").glob("*/runs") if p.is_dir())
+
+
+def test_a_results_folder_with_its_run_directories_is_their_report(tmp_path):
+    """A results folder that ships its run directories (``runs/``, checkpoints left out) holds the
+    report of exactly those runs: ``vitdepth report <folder>/runs`` rebuilds its summary.csv and
+    summary.md byte for byte, so no table can outlive or outgrow the runs behind it."""
+    from vitdepth.report import build_report
+
+    folders = committed_run_folders()
+    assert REPO / "results" / "fashionmnist-depth" in folders
+    for folder in folders:
+        build_report([folder / "runs"], tmp_path / folder.name)
+        for name in ("summary.csv", "summary.md"):
+            rebuilt = (tmp_path / folder.name / name).read_text()
+            assert rebuilt == (folder / name).read_text(), f"{folder.name}/{name}: rerun the report"
