@@ -42,6 +42,9 @@ def test_fit_writes_a_complete_run_directory(tmp_path):
     assert read_status(run)["status"] == "finished"
     facts = json.loads((run / "run.json").read_text())
     assert facts["variant"] == "full" and facts["depth"] == 2 and facts["params"] > 0 and facts["flops_per_image"] > 0
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    assert facts["git"]["commit"] == head.stdout.strip()  # a number cited from a run names its code
+    assert facts["hardware"]["processor"] and torch.__version__.startswith(facts["versions"]["torch"])
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     metrics = rows(run / "metrics.csv")
     assert len([r for r in metrics if r["val/acc1"]]) == 2

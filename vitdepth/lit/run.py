@@ -20,7 +20,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from vitdepth.errors import UsageError, disk_full_error
-from vitdepth.provenance import hardware, library_versions
+from vitdepth.provenance import git_state, hardware, library_versions
 from vitdepth.rundir import CHECKPOINTS, RUN_JSON, atomic_write_json, read_status, run_id, write_status
 from vitdepth.wandb_view.keys import run_name, run_tags
 
@@ -208,6 +208,7 @@ class RunRecorder(Callback):
                      "flops_per_image": pl_module.flops_per_image(),
                      "command": shlex.join(["vitdepth", *sys.argv[1:]]),
                      "versions": library_versions(), "hardware": hardware(),
+                     "git": git_state(),  # of the fit that last (re)started the run
                      **_accelerator_facts(trainer),
                      "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
             atomic_write_json(self.identity.dir / RUN_JSON, facts)
