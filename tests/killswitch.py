@@ -14,17 +14,17 @@ The process dies on the N-th call of POINT (N = 0: never; every call is traced t
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
 from pathlib import Path
 
-from vitdepth.callbacks.rank_collapse import RankCollapseCallback
 from vitdepth.cli import main
-from vitdepth.lit.classifier import ViTClassifier
 
-METHODS = {"step": (ViTClassifier, "training_step"), "validation": (ViTClassifier, "validation_step"),
-           "probe": (RankCollapseCallback, "probe")}
+METHODS = {"step": ("vitdepth.lit.classifier", "ViTClassifier", "training_step"),
+           "validation": ("vitdepth.lit.classifier", "ViTClassifier", "validation_step"),
+           "probe": ("vitdepth.callbacks.rank_collapse", "RankCollapseCallback", "probe")}
 
 
 class KillSwitch:
@@ -43,7 +43,8 @@ class KillSwitch:
         if self.point.startswith("write:"):
             self._wrap_replace(self.point.split(":", 1)[1])
         else:
-            owner, name = METHODS[self.point]
+            module, owner, name = METHODS[self.point]  # imported here: `write:` points in `report` need no torch
+            owner = getattr(importlib.import_module(module), owner)
             original = getattr(owner, name)
 
             def wrapped(*args, **kwargs):

@@ -61,6 +61,22 @@ def vitdepth(*args, env=None, **kwargs):
                           env=env, **kwargs)
 
 
+@pytest.fixture
+def rerun(monkeypatch, capsys):
+    """The rerun after a kill or a signal, in this process and under ``env`` (default: this one's):
+    the resume reads only what the dead process left on disk, and a fresh process would add ~15 s
+    of imports to each case. Returns (exit code, stderr)."""
+    def run(args, env=None):
+        if env is not None:
+            for key in set(os.environ) - set(env):
+                monkeypatch.delenv(key)
+            for key, value in env.items():
+                monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        return main(args), capsys.readouterr().err
+    return run
+
+
 def killed_at(point, n, args, env=None):
     done = subprocess.run([sys.executable, str(KILLSWITCH), point, str(n), *args], capture_output=True, text=True,
                           timeout=300, env=env)
@@ -70,7 +86,7 @@ def killed_at(point, n, args, env=None):
 
 # 1. kills --------------------------------------------------------------------------------------------
 
-def test_five_kill_points_then_the_rerun_ends_equal_to_an_uninterrupted_run(tmp_path, reference):
+def test_five_kill_points_then_the_rerun_ends_equal_to_an_uninterrupted_run(tmp_path, reference, rerun):
     """Digits at batch 64: 22 steps and 6 validation batches an epoch; probes at init and each epoch end."""
     args = fit_args(tmp_path)
     run = resolve_run(args).dir
@@ -84,9 +100,9 @@ def test_five_kill_points_then_the_rerun_ends_equal_to_an_uninterrupted_run(tmp_
         killed_at(point, n, args)
         assert not (run / "checkpoints" / "last.ckpt").exists() or is_complete_checkpoint(run / "checkpoints" /
                                                                                          "last.ckpt")
-    done = vitdepth(*args)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "resuming" in done.stderr
+    code, err = rerun(args)
+    assert code == 0, err[-2000:]
+    assert "resuming" in err
     assert read_status(run)["status"] == "finished"
     assert reference[0] == [0, 1, 2]
     assert_ends_like(run, reference)
@@ -94,16 +110,16 @@ def test_five_kill_points_then_the_rerun_ends_equal_to_an_uninterrupted_run(tmp_
     assert layer_epochs == {-1, 0, 1, 2}
 
 
-def test_a_torn_last_checkpoint_is_never_loaded(tmp_path, reference):
+def test_a_torn_last_checkpoint_is_never_loaded(tmp_path, reference, rerun):
     args = fit_args(tmp_path)
     run = resolve_run(args).dir
     killed_at("validation", 12, args)  # during epoch 1: epoch 0's last.ckpt is in place
     last = run / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 0
     os.truncate(last, last.stat().st_size - 100)  # as a non-atomic copy or a dying file server leaves it
-    done = vitdepth(*args)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "resuming" not in done.stderr  # started again from scratch instead of loading garbage
+    code, err = rerun(args)
+    assert code == 0, err[-2000:]
+    assert "resuming" not in err  # started again from scratch instead of loading garbage
     assert_ends_like(run, reference)
 
 
@@ -170,7 +186,8 @@ def wandb_ids(run):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_a_slurm_signal_checkpoints_requeues_and_the_rerun_ends_equal(tmp_path, fake_slurm, reference, sig):
+def test_a_slurm_signal_checkpoints_requeues_and_the_rerun_ends_equal(tmp_path, fake_slurm, reference, rerun,
+                                                                     sig):
     """USR1 (time limit) and SIGTERM (preemption) mid-epoch: hpc checkpoint at the end of the step,
     ``scontrol requeue``, exit 143; the requeued run resumes mid-epoch, in the same run directory and
     W&B run, and ends exactly where an uninterrupted run ends."""
@@ -184,8 +201,8 @@ def test_a_slurm_signal_checkpoints_requeues_and_the_rerun_ends_equal(tmp_path, 
     hpc, step = only_hpc_checkpoint(run)
     assert 22 < step < 44, err[-3000:]  # within epoch 1 (22 steps an epoch): a mid-epoch resume follows
     assert read_status(run)["status"] == "running"  # resumable, not failed
-    done = vitdepth(*args, env={**env, "SLURM_RESTART_COUNT": "1"})
-    assert done.returncode == 0 and f"from {hpc.name}" in done.stderr, done.stderr[-2000:]
+    code, err = rerun(args, env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert code == 0 and f"from {hpc.name}" in err, err[-2000:]
     assert read_status(run)["status"] == "finished"
     assert_ends_like(run, reference)
     assert wandb_ids(run) == [run.name, run.name]  # the same W&B run, continued
@@ -193,7 +210,7 @@ def test_a_slurm_signal_checkpoints_requeues_and_the_rerun_ends_equal(tmp_path, 
 
 @pytest.mark.parametrize("step, extra", [(22, ()), (11, ("--trainer.val_check_interval", "11"))])
 def test_a_slurm_signal_in_a_step_before_validation_checkpoints_after_that_validation(tmp_path, fake_slurm,
-                                                                                      reference, step, extra):
+                                                                                      reference, rerun, step, extra):
     """Lightning resumes a checkpoint from a step that a validation follows (the epoch's last, 22; or every 11
     steps) past that validation (the real-SLURM test lost an epoch this way), so the save waits a step."""
     env, calls = fake_slurm
@@ -206,8 +223,8 @@ def test_a_slurm_signal_in_a_step_before_validation_checkpoints_after_that_valid
     hpc, saved_at = only_hpc_checkpoint(run)
     assert saved_at == step + 1
     assert final_val(run)[0] == [0]  # the validation after the signalled step ran before the save
-    done = vitdepth(*args, env={**env, "SLURM_RESTART_COUNT": "1"})
-    assert done.returncode == 0 and f"from {hpc.name}" in done.stderr, done.stderr[-2000:]
+    code, err = rerun(args, env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert code == 0 and f"from {hpc.name}" in err, err[-2000:]
     validations = [e for e in reference[0] for _ in range(22 // step)]  # each once, none skipped
     assert_ends_like(run, (validations, *reference[1:]))
 
@@ -251,7 +268,7 @@ def test_a_signal_that_reaches_one_ddp_rank_stops_every_rank_at_the_same_step(tm
     assert final_val(run)[0] == [0, 1, 2] and read_status(run)["status"] == "finished"
 
 
-def test_sigterm_outside_slurm_stops_resumably_and_resumes_exactly(tmp_path, reference):
+def test_sigterm_outside_slurm_stops_resumably_and_resumes_exactly(tmp_path, reference, rerun):
     args = fit_args(tmp_path)
     run = resolve_run(args).dir
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -261,8 +278,8 @@ def test_sigterm_outside_slurm_stops_resumably_and_resumes_exactly(tmp_path, ref
     status = read_status(run)
     assert status["status"] == "running" and "rerun the same command" in status["reason"]
     assert not list(run.glob("hpc_ckpt_*"))
-    done = vitdepth(*args, env=env)
-    assert done.returncode == 0 and "from last.ckpt" in done.stderr, done.stderr[-2000:]
+    code, err = rerun(args, env=env)
+    assert code == 0 and "from last.ckpt" in err, err[-2000:]
     assert_ends_like(run, reference)
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vitdepth.cli import main
+
 pytest_plugins = ["slurm_cluster"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +33,10 @@ def sweep(grid: Path, env: dict | None, *options: str) -> subprocess.CompletedPr
     return r
 
 
-def test_the_array_script_passes_cpus_per_task_on_to_srun(tmp_path):
-    script = sweep(write_grid(tmp_path), None, "--dry-run", "--slurm.cpus_per_task", "3").stdout
+def test_the_array_script_passes_cpus_per_task_on_to_srun(tmp_path, capsys):
+    args = ["sweep", str(write_grid(tmp_path)), "--launcher", "slurm", "--dry-run", "--slurm.cpus_per_task", "3"]
+    assert main(args) == 0
+    script = capsys.readouterr().out
     before_srun = script[: script.index("\nsrun ")]
     assert "#SBATCH --cpus-per-task=3" in script
     assert "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK" in before_srun

@@ -53,23 +53,23 @@ def summary_rows(out: Path) -> dict[tuple, dict]:
 
 
 def test_array_sweep_matches_a_local_sweep_and_a_bad_task_fails_alone(slurm_cluster, tmp_path):
-    axes = {"model.depth": [1, 2], "model.lr": [0.003, -1.0]}  # lr -1: two of the four tasks are misconfigured
+    axes = {"model.depth": [1], "model.lr": [0.003, -1.0]}  # lr -1: the second task is misconfigured
     on_slurm, local = write_grid(tmp_path, axes, "slurm-runs"), write_grid(tmp_path, axes, "local-runs")
     job = submit(slurm_cluster, on_slurm)
     state = slurm_cluster.wait(job, timeout=400)
     log = slurm_log(tmp_path / "slurm-runs", job)
-    assert state == "COMPLETED,FAILED", log  # the bad tasks exit 1; the others are unaffected
+    assert state == "COMPLETED,FAILED", log  # the bad task exits 1; the other is unaffected
     failed = [r for r in slurm_cluster.jobcomp(job) if r.get("JobState") == "FAILED"]
-    assert len(failed) == 2, log
+    assert len(failed) == 1, log
     local_sweep = subprocess.run([sys.executable, "-m", "vitdepth", "sweep", str(local), "--threads", "1"],
                                  capture_output=True, text=True, timeout=600)
-    assert local_sweep.returncode == 1, local_sweep.stdout  # the same two runs fail locally
+    assert local_sweep.returncode == 1, local_sweep.stdout  # the same run fails locally
 
     build_report([tmp_path / "slurm-runs"], tmp_path / "report-slurm")
     build_report([tmp_path / "local-runs"], tmp_path / "report-local")
     a, b = summary_rows(tmp_path / "report-slurm"), summary_rows(tmp_path / "report-local")
-    assert sorted(a) == sorted(b) and len(a) == 4
-    assert sorted(k[3] for k in a) == ["failed", "failed", "finished", "finished"]
+    assert sorted(a) == sorted(b) and len(a) == 2
+    assert sorted(k[3] for k in a) == ["failed", "finished"]
     for key, row in a.items():
         for column, value in row.items():
             if column in ("wall_time_s",):
@@ -84,11 +84,16 @@ def test_array_sweep_matches_a_local_sweep_and_a_bad_task_fails_alone(slurm_clus
 
 def test_usr1_from_the_time_limit_and_from_scancel_checkpoint_requeue_and_resume(slurm_cluster, tmp_path):
     """Both ways USR1 reaches a task. First the script's own ``--signal``: --time 1 with USR1 50 s before
-    the limit comes 10-40 s into the task (slurmctld checks limits every ~30 s), which saves an hpc checkpoint at the end of that step, requeues
-    itself and resumes mid-epoch. Once requeued, the test gives the task 10 minutes, as an admin would, and
-    sends ``scancel --signal=USR1`` after its next epoch: a second checkpoint, requeue and resume."""
-    epochs = 400  # about 90 s of training on an idle 2-core machine: the signal lands in it however fast
-    grid = write_grid(tmp_path, {"model.depth": [2]}, **{"trainer.max_epochs": epochs})
+    the limit comes 10-40 s into the task (slurmctld checks limits every ~30 s), which saves an hpc
+    checkpoint at the end of that step, requeues itself and resumes mid-epoch. Once requeued, the test
+    gives the task 10 minutes, as an admin would, and sends ``scancel --signal=USR1`` after its next
+    epoch: a second checkpoint, requeue and resume.
+
+    Training is bounded by time, not epochs: Lightning's ``max_time`` Timer keeps its elapsed time in
+    the checkpoints, so 75 s of training in all outlast the first signal on a machine of any speed, and
+    the test does not train a fixed number of epochs sized for the fastest one."""
+    grid = write_grid(tmp_path, {"model.depth": [2]}, **{"trainer.max_epochs": 100_000,
+                                                         "trainer.max_time": "00:00:01:15"})
     job = submit(slurm_cluster, grid, "--slurm.time", "1", "--slurm.signal_lead", "50")
     task = f"{job}_0"
     wait_for_restarts(slurm_cluster, tmp_path, job, 1)
@@ -111,7 +116,8 @@ def test_usr1_from_the_time_limit_and_from_scancel_checkpoint_requeue_and_resume
     wandb_runs = sorted(p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*"))
     assert wandb_runs == [run_dir.name] * 3  # one W&B run, resumed twice
 
-    assert final_val(run_dir)[0] == list(range(epochs)), log  # every epoch validated once, none skipped
+    epochs = final_val(run_dir)[0]
+    assert epochs == list(range(len(epochs))) and len(epochs) > resumed_epochs + 1, log  # each once, in order
     # that the resumed run ends exactly as an uninterrupted one is shown with the same code path, faster,
     # in tests/test_faults.py::test_a_slurm_signal_checkpoints_requeues_and_the_rerun_ends_equal
 
