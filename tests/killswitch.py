@@ -43,8 +43,8 @@ class KillSwitch:
         if self.point.startswith("write:"):
             self._wrap_replace(self.point.split(":", 1)[1])
         else:
-            module, owner, name = METHODS[self.point]  # imported here: `write:` points in `report` need no torch
-            owner = getattr(importlib.import_module(module), owner)
+            module, class_name, name = METHODS[self.point]  # imported here: `write:` points need no torch
+            owner = getattr(importlib.import_module(module), class_name)
             original = getattr(owner, name)
 
             def wrapped(*args, **kwargs):

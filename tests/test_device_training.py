@@ -54,7 +54,7 @@ def test_on_device_learns_as_well_as_the_pil_path(tmp_path, cifar, cifar_md5_off
 
 
 def test_a_kill_mid_epoch_then_the_rerun_ends_equal_to_an_uninterrupted_run(tmp_path, cifar, cifar_md5_off,
-                                                                           capsys):
+                                                                           rerun):
     """10 steps an epoch; the kill lands in step 15, mid-epoch 1, after epoch 0's checkpoint. The
     reference and the rerun train in this process: only the kill needs a process of its own."""
     reference = fit_args(cifar, tmp_path / "reference", "--data.on_device", "true", "--trainer.max_epochs", "2",
@@ -64,9 +64,8 @@ def test_a_kill_mid_epoch_then_the_rerun_ends_equal_to_an_uninterrupted_run(tmp_
     args = [a if a != str(tmp_path / "reference") else str(tmp_path / "killed") for a in reference]
     killed = run(KILLSWITCH, "step", 15, *args)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    capsys.readouterr()
-    assert main(args) == 0
-    assert "from last.ckpt" in capsys.readouterr().err
+    code, err = rerun(args)
+    assert code == 0 and "from last.ckpt" in err, err[-2000:]
     assert_ends_like(resolve_run(args).dir, final_val(resolve_run(reference).dir))
 
 

@@ -61,22 +61,6 @@ def vitdepth(*args, env=None, **kwargs):
                           env=env, **kwargs)
 
 
-@pytest.fixture
-def rerun(monkeypatch, capsys):
-    """The rerun after a kill or a signal, in this process and under ``env`` (default: this one's):
-    the resume reads only what the dead process left on disk, and a fresh process would add ~15 s
-    of imports to each case. Returns (exit code, stderr)."""
-    def run(args, env=None):
-        if env is not None:
-            for key in set(os.environ) - set(env):
-                monkeypatch.delenv(key)
-            for key, value in env.items():
-                monkeypatch.setenv(key, value)
-        capsys.readouterr()
-        return main(args), capsys.readouterr().err
-    return run
-
-
 def killed_at(point, n, args, env=None):
     done = subprocess.run([sys.executable, str(KILLSWITCH), point, str(n), *args], capture_output=True, text=True,
                           timeout=300, env=env)
