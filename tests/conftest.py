@@ -1,12 +1,40 @@
 """Fixtures shared by several test modules."""
 
+import inspect
 import os
+from pathlib import Path
 
 import pytest
 import torch
 import torchvision.datasets.cifar
 
 from vitdepth.cli import main
+
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # One torch thread per worker, and in every process a test starts: with -n 2 on 2 cores, a second
+    # thread per worker only spins against the other worker (measured: 2x slower tests).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject's addopts) each worker would build
+    its own copy of a module- or session-scoped fixture of ours (a trained run, a private SLURM
+    cluster: tests/slurm_cluster.py), so the tests that share one go to one worker
+    (``xdist_group``) and it is built once."""
+    for item in items:
+        shared = [
+            f"{Path(inspect.getsourcefile(fixture.func)).name}::{fixture.argname}"
+            for fixtures in item._fixtureinfo.name2fixturedefs.values()
+            for fixture in fixtures
+            if fixture.scope in ("module", "session") and _ours(fixture.func)
+        ]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(min(shared)))
+
+
+def _ours(function) -> bool:
+    return Path(inspect.getsourcefile(function)).parent == Path(__file__).parent
 
 
 @pytest.fixture
