@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vitdepth import rundir
 from vitdepth.errors import UsageError
-from vitdepth.wandb_view.keys import EPOCH, FINAL_TABLE, LAYERS_TABLE, STEP, default_project
+from vitdepth.wandb_view.keys import EPOCH, FINAL_TABLE, LAYERS_TABLE, STEP, add_destination_arguments
 from vitdepth.wandb_view.server import require_server
 
 GROUP_BY = "variant"  # a top-level config key of every run
@@ -118,16 +117,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "`vitdepth wandb-sync`. Prints it and writes it as JSON; --save creates it in W&B. "
         "Needs `pip install vitdepth[wandb]`.",
     )
-    parser.add_argument(
-        "--project",
-        default=default_project(),
-        help="W&B project (default: $WANDB_PROJECT or vitdepth)",
-    )
-    parser.add_argument(
-        "--entity",
-        default=os.environ.get("WANDB_ENTITY"),
-        help="W&B entity (default: $WANDB_ENTITY, else your default entity on --save)",
-    )
+    add_destination_arguments(parser, "your default entity on --save")
     parser.add_argument(
         "--group",
         nargs="+",

@@ -8,6 +8,7 @@ and ``/mean``; ``epoch``, ``step`` and ``lr`` join the ``trainer/`` and ``train/
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 
@@ -29,6 +30,20 @@ def wandb_key(column: str) -> str:
 
 def default_project() -> str:
     return os.environ.get("WANDB_PROJECT", "vitdepth")
+
+
+def add_destination_arguments(parser: argparse.ArgumentParser, entity_otherwise: str) -> None:
+    """--project and --entity, the W&B place both W&B verbs read from or write to."""
+    parser.add_argument(
+        "--project",
+        default=default_project(),
+        help="W&B project (default: $WANDB_PROJECT or vitdepth)",
+    )
+    parser.add_argument(
+        "--entity",
+        default=os.environ.get("WANDB_ENTITY"),
+        help=f"W&B entity (default: $WANDB_ENTITY, else {entity_otherwise})",
+    )
 
 
 def run_name(variant: str, depth: int, seed: int) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vitdepth import rundir
 from vitdepth.errors import UsageError
-from vitdepth.wandb_view.keys import default_project
+from vitdepth.wandb_view.keys import add_destination_arguments
 from vitdepth.wandb_view.server import require_server
 
 MARKER = "wandb-sync.json"
@@ -43,16 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="RUN_ROOT",
         help="run directories or folders above them",
     )
-    parser.add_argument(
-        "--project",
-        default=default_project(),
-        help="W&B project (default: $WANDB_PROJECT or vitdepth)",
-    )
-    parser.add_argument(
-        "--entity",
-        default=os.environ.get("WANDB_ENTITY"),
-        help="W&B entity (default: $WANDB_ENTITY or your default entity)",
-    )
+    add_destination_arguments(parser, "your default entity")
     parser.add_argument(
         "--dry-run",
         action="store_true",
