@@ -10,9 +10,11 @@ import torchvision.datasets.cifar
 
 from vitdepth.cli import main
 
+TESTS = Path(__file__).parent
+
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    # One torch thread per worker, and in every process a test starts: with -n 2 on 2 cores, a second
-    # thread per worker only spins against the other worker (measured: 2x slower tests).
+    # One torch thread per worker, also in the processes a test starts: with -n 2 on 2 cores, a
+    # second thread per worker only spins against the other worker (measured: 2x slower tests).
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
@@ -23,18 +25,21 @@ def pytest_collection_modifyitems(items):
     cluster: tests/slurm_cluster.py), so the tests that share one go to one worker
     (``xdist_group``) and it is built once."""
     for item in items:
-        shared = [
-            f"{Path(inspect.getsourcefile(fixture.func)).name}::{fixture.argname}"
+        groups = [
+            _shared_group(fixture)
             for fixtures in item._fixtureinfo.name2fixturedefs.values()
             for fixture in fixtures
-            if fixture.scope in ("module", "session") and _ours(fixture.func)
         ]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(min(shared)))
+        if any(groups):
+            item.add_marker(pytest.mark.xdist_group(min(g for g in groups if g)))
 
 
-def _ours(function) -> bool:
-    return Path(inspect.getsourcefile(function)).parent == Path(__file__).parent
+def _shared_group(fixture) -> str | None:
+    """``file::name`` of a module- or session-scoped fixture defined under tests/, else None."""
+    path = Path(inspect.getsourcefile(fixture.func))
+    if fixture.scope in ("module", "session") and path.parent == TESTS:
+        return f"{path.name}::{fixture.argname}"
+    return None
 
 
 @pytest.fixture

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from vitdepth import rundir
 from vitdepth.errors import UsageError
-from vitdepth.wandb_view.keys import EPOCH, FINAL_TABLE, LAYERS_TABLE, STEP, add_destination_arguments
+from vitdepth.wandb_view.keys import (
+    EPOCH,
+    FINAL_TABLE,
+    LAYERS_TABLE,
+    STEP,
+    add_destination_arguments,
+)
 from vitdepth.wandb_view.server import require_server
 
 GROUP_BY = "variant"  # a top-level config key of every run
