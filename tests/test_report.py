@@ -152,6 +152,23 @@ def test_margin_moves_the_saturation_depth(experiment):
     assert "| full | 8 | 71.20 | 8 | 8 | 71.20 | holds within 0.1 points |" in md
 
 
+def test_saturation_from_different_seeds_at_different_depths_is_marked_provisional(tmp_path):
+    for depth, seeds in ((2, (0, 1)), (4, (0, 1)), (8, (0,))):  # a partial grid: seed 1 lacks 8
+        for seed in seeds:
+            write_run(tmp_path, variant="skip", depth=depth, seed=seed, accs=(0.5, 0.6))
+            write_run(tmp_path, variant="full", depth=depth, seed=seed + 2 * (depth == 8))
+    write_run(tmp_path, variant="full", depth=8, seed=1, accs=(0.3,), status="diverged")
+    runs = load.load_runs([tmp_path])
+    assert summary.mixed_seed_variants(runs) == ["full", "skip"]  # full: seed 2 replaces 0 at 8
+    md = summary.summary_md(runs, margin=0.5)
+    assert "Provisional for full, skip: not every depth has the same seeds" in md
+    assert summary.mixed_seed_variants([r for r in runs if r.depth != 8]) == []
+
+
+def test_a_full_grid_is_not_marked_provisional(report):
+    assert "Provisional" not in (report / "summary.md").read_text()
+
+
 def test_saturation_and_spearman_on_constructed_cases():
     s = summary.saturation({2: 80.0, 4: 90.0, 8: 90.3, 16: 89.0}, margin=0.5)
     assert (s.best_depth, s.depth, s.deepest) == (8, 4, 16) and s.drop == pytest.approx(1.3)

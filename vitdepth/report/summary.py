@@ -96,13 +96,27 @@ def acc_stats(runs: list[Run], key: str = "acc1_final") -> dict[str, dict[int, t
     """variant -> depth -> (mean, sample std, n) over the seeds of completed runs of an accuracy
     (``acc1_final``: the last val_acc1; ``test_acc1``)."""
     accs: dict[str, dict[int, list[float]]] = {}
-    for r in completed(runs):
-        if math.isfinite(getattr(r, key)):
-            accs.setdefault(r.variant, {}).setdefault(r.depth, []).append(getattr(r, key))
+    for r in _scored(runs, key):
+        accs.setdefault(r.variant, {}).setdefault(r.depth, []).append(getattr(r, key))
     return {
         variant: {d: _mean_std(a) for d, a in sorted(by_depth.items())}
         for variant, by_depth in sorted(accs.items())
     }
+
+
+def _scored(runs: list[Run], key: str) -> list[Run]:
+    return [r for r in completed(runs) if math.isfinite(getattr(r, key))]
+
+
+def mixed_seed_variants(runs: list[Run], key: str = "acc1_final") -> list[str]:
+    """Variants whose depths were scored on different seeds (a partial grid): their means at two
+    depths then differ by seed as well as by depth, so their saturation depth is provisional."""
+    seeds: dict[str, dict[int, set]] = {}
+    for r in _scored(runs, key):
+        seeds.setdefault(r.variant, {}).setdefault(r.depth, set()).add(r.seed)
+    return sorted(
+        v for v, by_depth in seeds.items() if len(set(map(frozenset, by_depth.values()))) > 1
+    )
 
 
 def _mean_std(values: list[float]) -> tuple[float, float, int]:
@@ -174,7 +188,7 @@ def summary_md(runs: list[Run], margin: float) -> str:
         *_acc_table(runs, stats, "Validation split: final val_acc1 (%) vs depth"),
         "",
         *_test_table(runs),
-        *_saturation_table(stats, margin),
+        *_saturation_table(stats, margin, mixed_seed_variants(runs)),
         "",
         "## Collapse vs accuracy (Spearman, last layer at the end of training, completed runs)",
         "",
@@ -222,7 +236,7 @@ def _mean_std_cell(mean: float, std: float, n: int, collapsed: int = 0) -> str:
     return f"{mean:.2f} ({seeds})" if math.isnan(std) else f"{mean:.2f} ± {std:.2f} ({seeds})"
 
 
-def _saturation_table(stats, margin: float) -> list[str]:
+def _saturation_table(stats, margin: float, mixed_seeds: list[str]) -> list[str]:
     lines = [
         f"## Depth saturation (validation split: the shallowest depth within {margin:g} points of "
         "the best mean)",
@@ -237,6 +251,12 @@ def _saturation_table(stats, margin: float) -> list[str]:
             f"| {variant} | {s.best_depth} | {s.best_mean:.2f} | {s.depth} | {s.deepest} | "
             f"{s.deepest_mean:.2f} | {verdict} |"
         )
+    if mixed_seeds:
+        lines += [
+            "",
+            f"Provisional for {', '.join(mixed_seeds)}: not every depth has the same seeds, so "
+            "these means compare different seeds as well as depths (n per cell above).",
+        ]
     return lines
 
 
