@@ -108,11 +108,11 @@ def _scored(runs: list[Run], key: str) -> list[Run]:
     return [r for r in completed(runs) if math.isfinite(getattr(r, key))]
 
 
-def mixed_seed_variants(runs: list[Run], key: str = "acc1_final") -> list[str]:
+def mixed_seed_variants(runs: list[Run]) -> list[str]:
     """Variants whose depths were scored on different seeds (a partial grid): their means at two
     depths then differ by seed as well as by depth, so their saturation depth is provisional."""
     seeds: dict[str, dict[int, set]] = {}
-    for r in _scored(runs, key):
+    for r in _scored(runs, "acc1_final"):  # the accuracy the saturation table averages
         seeds.setdefault(r.variant, {}).setdefault(r.depth, set()).add(r.seed)
     return sorted(
         v for v, by_depth in seeds.items() if len(set(map(frozenset, by_depth.values()))) > 1
