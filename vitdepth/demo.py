@@ -4,10 +4,11 @@
     vitdepth demo --out /tmp/demo --runs-root /tmp/demo-runs
 
 It trains the grid ``configs/grids/digits-depth.yaml`` (variants pure, skip, mlp, full, layerscale,
-reattention, sinkhorn; depths 1, 2, 4, 8, 16; seeds 0, 1: 70 runs, 3 min on an idle 2-core machine,
-results/digits-depth/README.md), two runs at a time, then writes the report and prints the path of each table and plot. The grid
-ships with the package, so the demo runs outside a clone too. Like any sweep it resumes: rerun it
-after an interruption and finished runs are skipped.
+reattention, sinkhorn; depths 1, 2, 4, 8, 16; seeds 0, 1: 70 runs, about 4 min on an idle
+2-core machine, results/digits-depth/README.md), two runs at a time, then writes the report and
+prints the path of each table and plot. The grid ships with the package, so the demo runs
+outside a clone too. Like any sweep it resumes: rerun it after an interruption and finished runs
+are skipped.
 """
 
 from __future__ import annotations
