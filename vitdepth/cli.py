@@ -17,7 +17,7 @@ LIGHTNING_VERBS = ("fit", "validate", "test")
 # SLURM submission then start in about a second instead of paying torch's import (~10 s on 2 vCPUs).
 STUDY_VERBS = {"collapse": "vitdepth.collapse.cli", "report": "vitdepth.report.cli", "sweep": "vitdepth.sweep.cli",
                "demo": "vitdepth.demo", "theory": "vitdepth.theory.cli", "bench": "vitdepth.bench.cli",
-               "analyze": "vitdepth.analyze.cli", "wandb-sync": "vitdepth.wandb_view.sync",
+               "analyze": "vitdepth.analyze.cli", "predict": "vitdepth.predict.cli", "wandb-sync": "vitdepth.wandb_view.sync",
                "wandb-dashboard": "vitdepth.wandb_view.dashboard"}
 
 

@@ -21,6 +21,7 @@ running buffers are left untouched and dropout stays off (see ``batch_statistics
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -224,3 +225,45 @@ def probe_metrics(model: nn.Module, images: Tensor, dtype: torch.dtype = torch.f
     meter = LayerMeter(eager(model).num_prefix_tokens)
     run_probe(in_dtype(model, dtype), images, meter)
     return meter.result()
+
+
+def probe_gradients(model: nn.Module, images: Tensor, labels: Tensor,
+                    label_smoothing: float = 0.0) -> dict[str, list[float]]:
+    """Per-layer gradient norms of the training loss on the probe batch, for the gradient exponent
+    of Cowsik et al. (2024, arXiv:2403.02579): how gradients grow or shrink going down the stack.
+
+    ``grad_tokens``: the Frobenius norm of dL/dX_l over the batch, X_0 the embedding output and X_l
+    block l's output; ``grad_params``: the norm of dL/dθ over layer l's parameters (layer 0: the
+    patch and position embeddings and the class token). L is the mean label-smoothed cross-entropy
+    of the training step (without Mixup), in float32 with autocast and TF32 off, in eval mode with
+    BatchNorm on the batch's statistics, as the probe's forward pass. The pass runs on a copy of the
+    weights, so no ``.grad`` is written and no DDP gradient hook fires.
+    """
+    model = copy.deepcopy(eager(model)).float()
+    model.eval()
+    outputs: list[Tensor] = []
+    handles = [model.norm_pre.register_forward_hook(lambda m, i, out: outputs.append(out))]
+    handles += [block.register_forward_hook(lambda m, i, out: outputs.append(out))
+                for block in model.blocks]
+    embedding = [p for name, p in model.named_parameters()
+                 if name.split(".")[0] in ("patch_embed", "cls_token", "reg_token", "pos_embed")]
+    groups = [embedding, *([*block.parameters()] for block in model.blocks)]
+    images = images.float()
+    try:
+        with (torch.autocast(images.device.type, enabled=False), ieee_float32(),
+              batch_statistics(model)):
+            logits = model(images)
+            loss = nn.functional.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+            flat = [p for group in groups for p in group]
+            grads = torch.autograd.grad(loss, [*outputs, *flat], allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    token_grads, param_grads = grads[:len(outputs)], iter(grads[len(outputs):])
+    param_norms = []
+    for group in groups:
+        squares = [next(param_grads) for _ in group]
+        param_norms.append(math.sqrt(sum(float(g.double().square().sum())
+                                         for g in squares if g is not None)))
+    return {"grad_tokens": [float(g.double().norm()) for g in token_grads],
+            "grad_params": param_norms}

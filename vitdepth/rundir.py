@@ -7,6 +7,8 @@ A run lives in ``<root>/<group>/<run_id>/`` and holds::
     metrics.csv   Lightning's CSVLogger rows (train/loss, val/acc1 as a fraction in [0, 1], ...)
     layers.csv    one row per layer per probe: epoch, step, layer, <LAYER_METRICS>, probe_dtype;
                   epoch -1 marks init
+    gradients.csv per-layer gradient norms of the loss at init: layer, grad_tokens, grad_params
+                  (runs trained before the file existed get it from ``vitdepth predict --backfill``)
     status.json   running | finished | collapsed | diverged | failed, with reason and wall time
     checkpoints/  last.ckpt, best, and Lightning's hpc_ckpt_*.ckpt after a SLURM requeue signal
 
@@ -28,6 +30,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.csv"
 LAYERS = "layers.csv"
 STATUS = "status.json"
+GRADIENTS = "gradients.csv"
 CHECKPOINTS = "checkpoints"
 
 # Column order of layers.csv and collapse.csv; vitdepth.metrics.LAYER_METRICS computes them.
@@ -42,6 +45,7 @@ LAYER_METRICS = (
 # probe_dtype: the dtype of the probe's forward pass (float32 or float64; files written before the
 # column existed lack it, see ``legacy_probe_dtype``).
 LAYERS_COLUMNS = ("epoch", "step", "layer", *LAYER_METRICS, "probe_dtype")
+GRADIENTS_COLUMNS = ("layer", "grad_tokens", "grad_params")
 INIT_EPOCH = -1  # the epoch value of the probe taken before the first training step
 
 # Below these relative residuals a forward pass in that dtype is rounding noise: float32 residuals

@@ -3,8 +3,10 @@
 It only schedules the probe and logs: the probe (``vitdepth.probe``) runs a separate eager forward
 pass under no_grad, in float32 with autocast off whatever the trainer's precision, never hooking
 the training forward. Probes run at init (epoch -1, step 0), every ``every_n_epochs`` epochs after
-validation, and at the end of training. Under DDP only rank 0 probes (the probe calls the bare
-model, so it runs no collective and the other ranks never wait on it).
+validation, and at the end of training; at init also gradients.csv, per-layer gradient norms of
+the loss on the probe batch (``vitdepth.probe.probe_gradients``: one backward pass on a copy).
+Under DDP only rank 0 probes (the probe calls the bare model, so it runs no collective and the
+other ranks never wait on it).
 
 With ``stop_below`` set, a run whose probes keep saying it has collapsed (last-layer rel_residual
 below the threshold and validation accuracy at chance) stops early and ends with status
@@ -26,7 +28,8 @@ from typing_extensions import override
 from vitdepth.errors import UsageError, choice_error
 from vitdepth.lit.csv_table import CsvTable
 from vitdepth.metrics.attention import SIMILAR_BLOCK_THRESHOLD, count_similar_blocks
-from vitdepth.probe import PROBE_DTYPES, probe_metrics
+from vitdepth.predict.measure import write_gradients
+from vitdepth.probe import PROBE_DTYPES, probe_gradients, probe_metrics
 from vitdepth.rundir import INIT_EPOCH, LAYERS, LAYERS_COLUMNS
 from vitdepth.wandb_view.keys import LAYERS_TABLE, STEP
 
@@ -77,6 +80,7 @@ class RankCollapseCallback(Callback):
         self.collapsed_probes = 0  # consecutive collapsed probes (a resumed run counts afresh)
         self.collapse_reason: str | None = None  # set when the run stops as collapsed
         self.images: torch.Tensor | None = None
+        self.labels: torch.Tensor | None = None
         self.table: CsvTable | None = None
         self.last_probe_step: int | None = None
 
@@ -86,7 +90,7 @@ class RankCollapseCallback(Callback):
             return
         datamodule = trainer.datamodule
         datamodule.setup("fit")
-        self.images = datamodule.probe_batch(self.probe_size)[0]
+        self.images, self.labels = datamodule.probe_batch(self.probe_size)
         if len(self.images) < self.probe_size:
             rank_zero_warn(f"rank_collapse.probe_size is {self.probe_size} but the validation set holds "
                            f"{len(self.images)} images: the probe uses all of them")
@@ -98,6 +102,7 @@ class RankCollapseCallback(Callback):
         if trainer.global_step == 0:
             self.table.rows = []
             self.probe(trainer, pl_module, INIT_EPOCH)
+            self.write_init_gradients(trainer, pl_module)
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -159,6 +164,15 @@ class RankCollapseCallback(Callback):
             logger.log_metrics(scalars, step=step)
         self._log_wandb_table(trainer, rows)
         return means["rel_residual"][-1]
+
+    def write_init_gradients(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """gradients.csv: per-layer gradient norms at init (``vitdepth.probe.probe_gradients``)."""
+        if not trainer.is_global_zero:
+            return
+        device = pl_module.device
+        norms = probe_gradients(pl_module.model, self.images.to(device), self.labels.to(device),
+                                pl_module.hparams.get("label_smoothing", 0.0))
+        write_gradients(Path(trainer.default_root_dir), norms)
 
     @staticmethod
     def _flag_non_finite(means: dict[str, list[float]], epoch: int) -> None:

@@ -211,6 +211,19 @@ def run_lightning_cli(argv: list[str]) -> int:
     return 0
 
 
+def build_run(argv: list[str], run_root: str) -> VitdepthCLI:
+    """The CLI of ``vitdepth <argv>`` with its model, data module and trainer built as a fit builds
+    them (seeded first, so the model holds the run's init) but nothing run; its run directory is
+    made under ``run_root`` (a scratch folder) and left empty."""
+
+    class Builder(VitdepthCLI):
+        @override
+        def _run_subcommand(self, subcommand: str) -> None:
+            pass
+
+    return _cli([*argv, "--run_root", run_root, "--wandb_mode", "disabled"], Builder)
+
+
 def resolve_run(argv: list[str]) -> RunIdentity:
     """The run identity (run id, group, directory) that ``vitdepth <argv>`` would use, without running it."""
 

@@ -205,6 +205,7 @@ class RunRecorder(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
             facts = {**self.identity.facts, **_callback_facts(trainer), "params": pl_module.num_params,
+                     "num_classes": pl_module.hparams.get("num_classes"),
                      "flops_per_image": pl_module.flops_per_image(),
                      "command": shlex.join(["vitdepth", *sys.argv[1:]]),
                      "versions": library_versions(), "hardware": hardware(),

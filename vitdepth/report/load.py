@@ -31,6 +31,7 @@ class Run:
     probe_epochs: np.ndarray = field(default_factory=lambda: np.zeros(0, int))  # (P,), step order
     layers: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> (P, depth + 1)
     probe_dtype: str = "float32"  # of the probe's forward pass; the coarsest if probes differ
+    gradients: dict[str, np.ndarray] = field(default_factory=dict)  # gradients.csv: name -> (depth + 1,)
 
     @property
     def probe_floor(self) -> float:
@@ -123,6 +124,7 @@ def load_run(path: Path) -> Run:
         (rundir.STATUS, _read_status),
         (rundir.METRICS, _read_metrics),
         (rundir.LAYERS, _read_layers),
+        (rundir.GRADIENTS, _read_gradients),
     ):
         try:
             read(run)
@@ -176,6 +178,15 @@ def _read_layers(run: Run) -> None:
             run.layers[m][index[int(r["step"]), int(r["epoch"])], i] = _number(r.get(m))
     run.probe_epochs = np.array([epoch for _, epoch in probes])
     run.probe_dtype = _probe_dtype(rows, run.facts)
+
+
+def _read_gradients(run: Run) -> None:
+    rows = _read_csv(run.path / rundir.GRADIENTS, required=rundir.GRADIENTS_COLUMNS)
+    if [int(r["layer"]) for r in rows] != list(range(len(rows))):
+        raise ValueError("layers must be 0, 1, ... in order")
+    if rows:
+        run.gradients = {name: np.array([_number(r[name]) for r in rows])
+                         for name in rundir.GRADIENTS_COLUMNS[1:]}
 
 
 def _probe_dtype(rows: list[dict], facts: dict) -> str:
