@@ -32,8 +32,9 @@ FINAL = {
     ("pure_attn", 8): (0.515, 0.535),
 }
 OUTPUTS = ("summary.csv", "summary.md", "acc_vs_depth.png", "residual_vs_layer.png", "residual_heatmap.png",
-           "acc_vs_uniformity.png", "early_signals.png", "provenance.json")  # fmt: skip
-PNGS = OUTPUTS[2:7]
+           "acc_vs_uniformity.png", "early_signals.png", "init_predictors.png", "runs.csv",
+           "provenance.json")  # fmt: skip
+PNGS = OUTPUTS[2:8]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

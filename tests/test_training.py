@@ -53,6 +53,9 @@ def test_fit_writes_a_complete_run_directory(tmp_path):
     epochs = sorted({int(r["epoch"]) for r in layers})
     assert epochs == [INIT_EPOCH, 0, 1]
     assert sorted(int(r["layer"]) for r in layers if int(r["epoch"]) == INIT_EPOCH) == [0, 1, 2]
+    gradients = rows(run / "gradients.csv")
+    assert [int(r["layer"]) for r in gradients] == [0, 1, 2] and facts["num_classes"] == 10
+    assert all(float(r[name]) > 0 for r in gradients for name in ("grad_tokens", "grad_params"))
     offline_runs = list((run / "wandb").glob(f"offline-run-*-{run.name}"))
     assert offline_runs, "expected an offline W&B run named by the run id"
 

@@ -10,15 +10,20 @@ so a report scores them from committed run directories alone. Larger is predicte
   the attention ("entropy collapse", Giorlandino & Goldt 2025, arXiv:2505.24333; Zhai et al. 2023,
   arXiv:2303.06296).
 - ``angle_exponent``: the per-layer Lyapunov exponent of the angle between tokens,
-  (1/L) ln((1 - c_L) / (1 - c_0)) with c_l the mean token cosine of layer l, in the spirit of
-  Cowsik, Nebabu, Qi & Ganguli 2024 (arXiv:2403.02579): below 0 the tokens converge with depth
-  (order, rank collapse), above 0 they spread (chaos). Their theory predicts trainability near 0, so
-  the predictor is -|exponent|. ``angle_total`` is L times the exponent, the log change over the
-  whole stack, signed: -|L exponent|.
+  (1/L) ln((1 - c_L) / (1 - c_0)) with c_l the mean token cosine of layer l. Cowsik, Nebabu, Qi &
+  Ganguli 2024 (arXiv:2403.02579) define their angle exponent by linearising the depth map of the
+  token cosine around the collapsed fixed point (cosine 1): below 0 tokens converge (order, rank
+  collapse), above 0 they spread (chaos); measured on a network, it is the per-layer slope of
+  ln(1 - cos). Their abstract states that minimal test loss needs both exponents to vanish, so the
+  predictor is -|exponent|; ``angle_total`` is -|L exponent|, the log change over the whole stack.
 - ``gradient_exponent``: (1/L) ln(g_0 / g_L), g_l the norm of dL/dX_l at init (gradients.csv):
-  above 0 gradients grow going down the stack (explode), below 0 they vanish; predictor
+  above 0 gradients grow going down the stack (explode), below 0 they vanish. Cowsik et al. use
+  the squared Frobenius norm of the input-output Jacobian, exp(λ_g L); this is the loss gradient's
+  norm, not squared (half their λ_g where the loss gradient is a typical direction). Predictor
   -|exponent|, and ``gradient_total`` -|L exponent|.
 
+Only the abstract of Cowsik et al. could be read here (no equation numbers are cited for that
+reason); their block is pre-LN with residual strengths on attention and MLP, like ours.
 Where a ViT needs a choice the theory does not make: the class token is one of the tokens (it is
 what the head reads); X_0 is the embedding output after the position embedding; layer L is the last
 block's output before the final LayerNorm; the cosine is averaged over the probe batch.
@@ -52,6 +57,8 @@ def gradient_exponent(grad_tokens: np.ndarray) -> float:
 
 def predictors(run: Run) -> dict[str, float]:
     """Every predictor of ``PREDICTORS`` for a run; nan where its init data is missing."""
+    if run.init_predictors is not None:
+        return dict(run.init_predictors)
     values = dict.fromkeys(PREDICTORS, math.nan)
     residual, cosine = init_profile(run, "rel_residual"), init_profile(run, "token_cosine")
     entropy = init_profile(run, "attn_entropy")

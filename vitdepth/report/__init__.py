@@ -24,7 +24,7 @@ def build_report(paths, out, margin: float = 0.5) -> list[Path]:
     the previous report in ``out`` untouched.
     """
     # Imported here so that building the CLI parser does not pay about 1.5 s for matplotlib.
-    from vitdepth.report import early, load, plots, provenance, summary
+    from vitdepth.report import load, plots, provenance, runs_table, summary
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -32,14 +32,24 @@ def build_report(paths, out, margin: float = 0.5) -> list[Path]:
     runs = load.load_runs(paths)
     files = {
         "summary.csv": summary.summary_csv(runs).encode(),
-        "summary.md": "\n".join([summary.summary_md(runs, margin), *early.section(runs, margin),
-                                 ""]).encode(),
+        "summary.md": summary_markdown(runs, margin, out / "predictions.csv").encode(),
+        runs_table.FILE: runs_table.runs_csv(runs).encode(),
         **plots.render(runs, margin),
         "provenance.json": (
             json.dumps(provenance.provenance(runs), indent=2, sort_keys=True) + "\n"
         ).encode(),
     }
     return _write_all(out, files)
+
+
+def summary_markdown(runs, margin: float, registered: Path) -> str:
+    """summary.md: the tables, the uncertainty of the saturation depths, the early signals and
+    the init-only predictions (scored against ``registered`` predictions where that file exists)."""
+    from vitdepth.report import early, prediction, summary, uncertainty
+
+    return "\n".join([summary.summary_md(runs, margin), *uncertainty.section(runs, margin),
+                      *early.section(runs, margin), *prediction.section(runs, margin, registered),
+                      ""])
 
 
 def _write_all(out: Path, files: dict[str, bytes]) -> list[Path]:

@@ -32,6 +32,7 @@ class Run:
     layers: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> (P, depth + 1)
     probe_dtype: str = "float32"  # of the probe's forward pass; the coarsest if probes differ
     gradients: dict[str, np.ndarray] = field(default_factory=dict)  # gradients.csv: name -> (depth + 1,)
+    init_predictors: dict[str, float] | None = None  # read from a runs.csv, else computed
 
     @property
     def probe_floor(self) -> float:

@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
 from vitdepth import rundir
-from vitdepth.report import early, summary
+from vitdepth.report import early, prediction, summary
 from vitdepth.report.load import Run
 
 DPI = 120
@@ -31,6 +31,7 @@ def render(runs: list[Run], margin: float = 0.5) -> dict[str, bytes]:
         "residual_heatmap.png": residual_heatmap,
         "acc_vs_uniformity.png": acc_vs_uniformity,
         "early_signals.png": lambda runs, colors: early_signals(runs, colors, margin),
+        "init_predictors.png": prediction.figure,
     }
     return {name: png_bytes(draw(runs, colors)) for name, draw in figures.items()}
 
