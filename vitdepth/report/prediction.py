@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from vitdepth.predict import rules, signals
 from vitdepth.report import summary
@@ -123,6 +124,7 @@ def figure(runs: list[Run], colors: dict[str, str]) -> Figure:
         chance = {100 / num_classes(r) + rules.TRAINS_MARGIN for r, _, _ in data}
         for level in chance:
             ax.axhline(level, color="0.6", lw=0.8, ls="--")
+        ax.xaxis.set_major_locator(MaxNLocator(4))
         ax.set_xlabel(f"{predictor} at init")
         ax.set_ylabel("final val_acc1 (%)")
     axes[0].legend(fontsize=7, ncols=2)
