@@ -123,4 +123,5 @@ def _write_layers(path: Path, depth: int, epochs: int, probe, probe_dtype: str |
             for layer in range(depth + 1):
                 values = probe(epoch, layer)
                 dtype = [probe_dtype] if probe_dtype else []
-                writer.writerow([epoch, step, layer, *(values[m] for m in rundir.LAYER_METRICS), *dtype])
+                writer.writerow([epoch, step, layer, *(values.get(m, "") for m in rundir.LAYER_METRICS),
+                                 *dtype])

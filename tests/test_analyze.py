@@ -3,6 +3,7 @@
 import copy
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from vitdepth.analyze.hf_surgery import dong_surgery
 from vitdepth.analyze.timm_models import surgery
 from vitdepth.cli import main
 from vitdepth.models import VariantBlock
-from vitdepth.rundir import INIT_EPOCH, LAYER_METRICS
+from vitdepth.rundir import INIT_EPOCH, LAYER_METRICS, SCALE_FREE
 
 transformers = pytest.importorskip("transformers")
 
@@ -484,3 +485,53 @@ def test_float64_forward_follows_the_collapse_below_the_float32_floor():
     assert single[2] == pytest.approx(double[2], rel=1e-3)  # the same curve above the floor
     assert min(single[4:]) > 1e-8  # float32 rounding noise
     assert max(double[4:]) < 1e-12
+
+
+# -- timm's loading conventions and vanished tokens ----------------------------------------------
+
+SMALL_VIT = ["patch_size=8", "embed_dim=32", "depth=2", "num_heads=2"]
+
+
+def test_model_kwargs_take_a_checkpoint_of_another_grid_as_timm_does(tmp_path, capsys):
+    import timm
+
+    from vitdepth.analyze.timm_models import parse_model_kwargs
+
+    kwargs = parse_model_kwargs([*SMALL_VIT, "img_size=64"])
+    assert kwargs["img_size"] == 64 and kwargs["patch_size"] == 8  # literals, as timm parses them
+    torch.manual_seed(0)
+    path = tmp_path / "grid8.pth"
+    torch.save(timm.create_model("vit_tiny_patch16_224", **kwargs).state_dict(), path)
+    # 8x8 patches stored, 4x4 wanted: timm's checkpoint_filter_fn resamples pos_embed
+    argv = ["analyze", "timm:vit_tiny_patch16_224", "--checkpoint", str(path), "--n-inputs", "2",
+            "--model-kwargs", *SMALL_VIT, "img_size=32", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    rows = list(csv.DictReader(open(tmp_path / "out" / "analysis.csv")))
+    assert [int(r["layer"]) for r in rows] == [0, 1, 2] and rows[0]["weights"] == "checkpoint"
+    assert "32px" in json.loads((tmp_path / "out" / "provenance.json").read_text())["inputs"]
+
+    err = one_line_error(capsys, [*argv[:-2], "no_such_kwarg=1", "--out", str(tmp_path)])
+    assert "--model-kwargs" in err and "no_such_kwarg" in err
+    assert "expected KEY=VALUE" in one_line_error(
+        capsys, ["analyze", "timm:vit_tiny_patch16_224", "--model-kwargs", "img_size", "--out", "x"])
+    assert "not a timm: model" in one_line_error(
+        capsys, ["analyze", "hf:some/bert", "--model-kwargs", "img_size=224", "--out", "x"])
+
+
+def test_vanished_tokens_are_said_never_a_bare_nan_or_zero(tmp_path):
+    """LayerScale 1e-5 without skips (Dong's surgery keeps it): each block scales the tokens down
+    until they underflow float32, first to exactly uniform tokens, then to zero."""
+    result = analyze("timm:vit_tiny_patch16_224", variants=("pure", "full"), n_inputs=2,
+                     model_kwargs=dict(init_values=1e-5, depth=12, img_size=32, patch_size=8,
+                                       embed_dim=32, num_heads=2))
+    pure = [r for r in result.rows if r["variant"] == "pure"]
+    gone = [r for r in pure if r["tokens_vanished"]]
+    assert gone and gone[-1]["layer"] == 12 and gone[-1]["token_norm_mean"] == 0.0
+    for row in pure:
+        undefined = [m for m in SCALE_FREE if math.isnan(row[f"{m}_mean"])]
+        assert bool(undefined) == bool(row["tokens_vanished"]), row
+        assert row["note"] or (row["rel_residual_mean"] > 0 and not undefined), row
+    assert gone[0]["note"] == "tokens vanished in 2 of 2 passes: scale-free metrics undefined"
+    assert all(not r["note"] for r in result.rows if r["variant"] == "full")
+    png = result.write(tmp_path)
+    assert any(p.name == "analysis.png" for p in png)

@@ -17,7 +17,7 @@ from vitdepth.metrics import (
     stable_rank,
     token_cosine,
 )
-from vitdepth.rundir import LAYER_METRICS
+from vitdepth.rundir import LAYER_METRICS, NORMAL_FLOOR, SCALE_FREE, tokens_vanished
 
 TOKEN_METRICS = {
     "rel_residual": rel_residual,
@@ -132,6 +132,34 @@ def test_non_finite_samples_give_nan_without_raising():
         values = metric(x)
         assert torch.isfinite(values[0]), name
         assert not torch.isfinite(values[1:]).any(), name
+
+
+def test_vanished_tokens_give_undefined_scale_free_metrics_and_a_zero_norm():
+    x = torch.randn(3, 6, 4)
+    x[1] = 0.0  # every token zero: no direction, no rank
+    x[2] = x[2] * torch.finfo(torch.float32).tiny / 100  # subnormal: relative precision lost
+    values = layer_metrics(x, None, num_prefix_tokens=1)
+    assert values["token_norm"][1] == 0.0 and 0 < values["token_norm"][2] < 1.2e-38
+    for name in SCALE_FREE:
+        assert math.isfinite(values[name][0]), name
+        assert torch.isnan(values[name][1:]).all(), name
+
+
+def test_tiny_but_normal_tokens_keep_every_scale_free_value():
+    x = torch.randn(2, 6, 4)
+    tiny = x * 1e-30  # far below 1 but normal in float32: still a direction and a rank
+    normal, small = layer_metrics(x, None, 1), layer_metrics(tiny, None, 1)
+    for name in SCALE_FREE:
+        torch.testing.assert_close(small[name], normal[name], rtol=1e-5, atol=0)
+    torch.testing.assert_close(small["token_norm"], normal["token_norm"] * 1e-30, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_the_vanished_floor_is_the_dtypes_smallest_normal(dtype):
+    tiny = torch.finfo(getattr(torch, dtype)).tiny
+    assert NORMAL_FLOOR[dtype] == tiny
+    assert tokens_vanished(tiny / 2, dtype) and not tokens_vanished(tiny, dtype)
+    assert not tokens_vanished(float("nan"), dtype)
 
 
 def plain_metrics(layers, maps, prefix):

@@ -41,7 +41,26 @@ LAYER_METRICS = (
     "stable_rank",
     "token_cosine",
     "attn_entropy",
+    "token_norm",
 )
+# Scale-free metrics: undefined (NaN) for a sample whose tokens vanished.
+SCALE_FREE = ("rel_residual", "rel_residual_fro", "effective_rank", "stable_rank", "token_cosine")
+# The smallest normal number of each probe dtype: a mean token norm below it means the tokens are
+# all zero or subnormal ("tokens vanished"), as ``vitdepth.metrics.layer_metrics`` decides.
+NORMAL_FLOOR = {  # torch.finfo(dtype).tiny
+    "float32": 1.1754943508222875e-38,
+    "float64": 2.2250738585072014e-308,
+    "bfloat16": 1.1754943508222875e-38,
+    "float16": 6.103515625e-05,
+}
+VANISHED = "tokens vanished"
+
+
+def tokens_vanished(token_norm: float, dtype: str = "float32") -> bool:
+    """Whether a layer's tokens vanished (see ``NORMAL_FLOOR``); nan (not measured) is not."""
+    return token_norm < NORMAL_FLOOR.get(dtype, NORMAL_FLOOR["float32"])
+
+
 # probe_dtype: the dtype of the probe's forward pass (float32 or float64; files written before the
 # column existed lack it, see ``legacy_probe_dtype``).
 LAYERS_COLUMNS = ("epoch", "step", "layer", *LAYER_METRICS, "probe_dtype")

@@ -29,6 +29,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--checkpoint", help=".safetensors, .pth/.pt state dict, or a Lightning .ckpt"
     )
     p.add_argument(
+        "--model-kwargs",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="timm: models: keywords for timm.create_model, as timm's train.py takes them "
+        "(e.g. img_size=224: a checkpoint's position embeddings are resampled to it)",
+    )
+    p.add_argument(
         "--with-init",
         action="store_true",
         help="also measure random inits (--seeds) beside the loaded weights",
@@ -61,12 +69,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from vitdepth.analyze import analyze
+    from vitdepth.analyze.timm_models import parse_model_kwargs
 
     result = analyze(
         args.model,
         variants=[v.strip() for v in args.variants.split(",") if v.strip()],
         pretrained=args.pretrained,
         checkpoint=args.checkpoint,
+        model_kwargs=parse_model_kwargs(args.model_kwargs),
         seeds=args.seeds,
         with_init=args.with_init,
         data=args.data,

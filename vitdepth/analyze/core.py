@@ -14,11 +14,13 @@ from vitdepth.analyze import inputs as inputs_
 from vitdepth.analyze.sources import hashes, open_source
 from vitdepth.analyze.timm_models import SURGERY_VARIANTS
 from vitdepth.errors import UsageError
-from vitdepth.rundir import LAYER_METRICS
+from vitdepth.rundir import LAYER_METRICS, VANISHED, tokens_vanished
 
 METRICS = (*LAYER_METRICS, "attn_similarity")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 ID_COLUMNS = ("model", "weights", "seeds", "variant", "layer", "n_inputs", "num_prefix_tokens")
+# How many (seed, input) passes of a layer had their tokens vanish, and what that means.
+VANISHED_COLUMNS = ("tokens_vanished", "note")
 
 
 @dataclass
@@ -33,7 +35,8 @@ class Analysis:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return (*ID_COLUMNS, *(f"{m}_{s}" for m in METRICS for s in ("mean", "std", "seed_std")))
+        return (*ID_COLUMNS, *(f"{m}_{s}" for m in METRICS for s in ("mean", "std", "seed_std")),
+                *VANISHED_COLUMNS)
 
     def write(self, out: str | Path) -> list[Path]:
         """analysis.csv, analysis.png and provenance.json in ``out`` (created if missing)."""
@@ -55,6 +58,7 @@ def analyze(
     variants=("full",),
     pretrained: bool = False,
     checkpoint: str | None = None,
+    model_kwargs: dict | None = None,
     seeds=(0,),
     with_init: bool = False,
     data: str | None = None,
@@ -82,7 +86,7 @@ def analyze(
         raise UsageError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     if n_inputs < 1 or not seeds:
         raise UsageError("need at least one input (--n-inputs >= 1) and one seed")
-    source = open_source(model, pretrained, checkpoint)
+    source = open_source(model, pretrained, checkpoint, model_kwargs or {})
     if with_init and source.weights is None:
         raise UsageError(
             "--with-init compares loaded weights with init: give --pretrained, --checkpoint "
@@ -114,7 +118,7 @@ def analyze(
                 f"{time.perf_counter() - start:.1f} s"
             )
     n = next(iter(batch.values())).shape[0]
-    rows = _rows(source.label, values, passes, n, prefix)
+    rows = _rows(source.label, values, passes, n, prefix, dtype)
     provenance = _provenance(source, passes, variants, described, n, prefix, dtype)
     return Analysis(rows, provenance, values)
 
@@ -165,10 +169,12 @@ def _inputs(
     return {key: pixels}, described
 
 
-def _rows(label: str, values: dict, passes: list, n: int, prefix: int | None) -> list[dict]:
+def _rows(label: str, values: dict, passes: list, n: int, prefix: int | None,
+          dtype: str) -> list[dict]:
     """One row per (weights, variant, layer): mean over seeds and inputs, std over inputs (root mean
     square of the per-seed stds), and std over seeds of the per-seed means (ddof 1; NaN for one
-    seed)."""
+    seed). Inputs whose tokens vanished have no scale-free metrics: the means are over the others
+    and ``note`` says how many vanished (all of them: the metric is undefined, not 0)."""
     rows = []
     for (weights, variant), per_seed in values.items():
         seeds = [s for w, s in passes if w == weights and s is not None]
@@ -194,8 +200,22 @@ def _rows(label: str, values: dict, passes: list, n: int, prefix: int | None) ->
                     row[f"{metric}_seed_std"] = (
                         float(np.std(means, ddof=1)) if len(means) > 1 else float("nan")
                     )
+            norms = np.concatenate([seed["token_norm"][layer] for seed in per_seed])
+            vanished = int(sum(tokens_vanished(v, dtype) for v in norms))
+            row["tokens_vanished"] = vanished
+            row["note"] = _note(row, vanished, len(norms), dtype)
             rows.append(row)
     return rows
+
+
+def _note(row: dict, vanished: int, passes: int, dtype: str) -> str:
+    """Why a layer's numbers are undefined or exactly 0, so no reader takes either for a result."""
+    if vanished:
+        others = " (means over the others)" if vanished < passes else ""
+        return f"{VANISHED} in {vanished} of {passes} passes: scale-free metrics undefined{others}"
+    if row["rel_residual_mean"] == 0.0:  # e.g. softmax of logits below rounding: uniform attention
+        return f"tokens identical to {dtype} precision in every pass: exact token uniformity"
+    return ""
 
 
 def _provenance(source, passes, variants, described, n, prefix, dtype) -> dict:

@@ -1,6 +1,8 @@
 """analysis.png in the style of Dong et al. 2021, Fig. 2: relative residual per layer, one line per
 variant, band = ± std over inputs; a second row for the patch-token cosine; a column per weights
-(init, pretrained/trained). Drawn and encoded the way ``vitdepth report`` draws its figures."""
+(init, pretrained/trained). Layers whose tokens vanished are marked x on the axis and named in the
+panel: their scale-free metrics are undefined. Drawn and encoded the way ``vitdepth report`` draws
+its figures."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from vitdepth.report.plots import png_bytes
+from vitdepth.rundir import VANISHED
 
 # Dong et al.'s names and line styles (walking_casual_transformers.ipynb)
 STYLES = {
@@ -44,6 +47,12 @@ def analysis_png(rows: list[dict], provenance: dict) -> bytes:
                 name, style = STYLES[variant]
                 ax.plot(layers, mean, ls=style, color=f"C{index}", label=f"{name} ({variant})")
                 ax.fill_between(layers, mean - std, mean + std, color=f"C{index}", alpha=0.2)
+                gone = [r["layer"] for r in mine if r.get("tokens_vanished")]
+                if gone:  # undefined, not 0: marked and said, never drawn as a value
+                    ax.plot(gone, [0.0] * len(gone), "x", color=f"C{index}", clip_on=False)
+                    ax.text(0.02, 0.04 + 0.07 * index, f"{variant}: {VANISHED} from layer "
+                            f"{min(gone)} (x)", transform=ax.transAxes, fontsize="x-small",
+                            color=f"C{index}")
             ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)

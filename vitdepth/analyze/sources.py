@@ -19,9 +19,12 @@ from vitdepth.errors import UsageError
 class TimmSource:
     kind = "image"
 
-    def __init__(self, name: str, pretrained: bool, checkpoint: str | None) -> None:
+    def __init__(
+        self, name: str, pretrained: bool, checkpoint: str | None, model_kwargs: dict | None = None
+    ) -> None:
         self.name, self.label = name, f"timm:{name}"
         self.pretrained, self.checkpoint = pretrained, checkpoint
+        self.model_kwargs = model_kwargs or {}
         self.weights = "pretrained" if pretrained else "checkpoint" if checkpoint else None
         self.weight_files: list[Path] = [Path(checkpoint)] if checkpoint else []
         self._target: inputs.ImageTarget | None = None
@@ -29,9 +32,9 @@ class TimmSource:
     def build(self, seed: int | None) -> nn.Module:
         if seed is not None:
             torch.manual_seed(seed)
-            model, _ = timm_models.create_timm(self.name, pretrained=False)
+            model, _ = timm_models.create_timm(self.name, False, self.model_kwargs)
         else:
-            model, file = timm_models.create_timm(self.name, self.pretrained)
+            model, file = timm_models.create_timm(self.name, self.pretrained, self.model_kwargs)
             if self.checkpoint:
                 timm_models.load_checkpoint(model, self.checkpoint, self.label)
             self.weight_files = [file] if file else self.weight_files
@@ -44,6 +47,10 @@ class TimmSource:
 
         cfg = resolve_data_config({}, model=model)
         channels, _, size = cfg["input_size"]
+        # the pretrained config keeps its input size when --model-kwargs set img_size; the patch
+        # embedding has the grid the model was built for
+        grid = getattr(getattr(model, "patch_embed", None), "img_size", None)
+        size = grid[0] if grid else size
         return inputs.ImageTarget(size, channels, tuple(cfg["mean"]), tuple(cfg["std"]))
 
     def target(self) -> inputs.ImageTarget:
@@ -167,8 +174,9 @@ class HFSource:
         return hf_models.layer_metrics(model, batch, self._spec(), self.text_has_cls)
 
 
-def open_source(model: str, pretrained: bool, checkpoint: str | None):
-    """``timm:NAME``, ``hf:NAME_OR_DIR``, or a path to a vitdepth run directory or ``.ckpt``."""
+def open_source(model: str, pretrained: bool, checkpoint: str | None, model_kwargs: dict):
+    """``timm:NAME``, ``hf:NAME_OR_DIR``, or a path to a vitdepth run directory or ``.ckpt``;
+    ``model_kwargs`` (timm's ``--model-kwargs``) only for timm models."""
     scheme, _, name = model.partition(":")
     if scheme in ("timm", "hf") and not name:
         raise UsageError(
@@ -177,8 +185,12 @@ def open_source(model: str, pretrained: bool, checkpoint: str | None):
         )
     if pretrained and checkpoint:
         raise UsageError("give either --pretrained or --checkpoint, not both")
+    if model_kwargs and scheme != "timm":
+        raise UsageError(
+            f"--model-kwargs are keywords of timm.create_model; {model} is not a timm: model"
+        )
     if scheme == "timm":
-        return TimmSource(name, pretrained, checkpoint)
+        return TimmSource(name, pretrained, checkpoint, model_kwargs)
     if scheme == "hf":
         return HFSource(name, pretrained, checkpoint)
     if Path(model).exists():

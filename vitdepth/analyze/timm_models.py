@@ -3,11 +3,19 @@
 Surgery maps each of timm's plain ``Block``s onto ``vitdepth.models.VariantBlock`` (a subclass with
 the same attribute and state-dict names), switching its skip connections off and/or dropping its
 MLP sub-block (norm2, mlp, ls2, drop_path2). Every tensor that stays is the loaded one.
+
+LayerScale (``ls1``) and ReZero gates on the attention branch stay: they are part of the branch the
+weights were trained with (``x + ls1(attn(norm1(x)))``), and Dong et al.'s surgery (arXiv:2103.03404,
+§4 and Fig. 2) removes skip connections and MLPs, not weights. Without the skip, a small scale
+multiplies the tokens at every block, so they shrink geometrically; ``token_norm`` and the
+"tokens vanished" rule (``vitdepth.rundir``) report where they underflow.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
+import importlib
 from pathlib import Path
 
 import torch
@@ -22,8 +30,11 @@ from vitdepth.probe import LayerMeter, run_probe
 SURGERY_VARIANTS = ("full", "skip", "mlp", "pure")  # Dong et al. 2021, Fig. 2
 
 
-def create_timm(name: str, pretrained: bool) -> tuple[nn.Module, Path | None]:
-    """A timm model at timm's own init, or with its pretrained weights read from the local cache.
+def create_timm(name: str, pretrained: bool, model_kwargs: dict | None = None
+                ) -> tuple[nn.Module, Path | None]:
+    """A timm model at timm's own init, or with its pretrained weights read from the local cache;
+    ``model_kwargs`` go to ``timm.create_model`` as timm's train.py ``--model-kwargs`` pass them
+    (e.g. ``img_size=224``; timm resamples pretrained position embeddings to it).
 
     Returns the model and the weight file it was loaded from (None at init).
     """
@@ -38,7 +49,11 @@ def create_timm(name: str, pretrained: bool) -> tuple[nn.Module, Path | None]:
         )
     weights = cached_timm_weights(name) if pretrained else None
     overlay = {"file": str(weights)} if weights else None
-    model = timm.create_model(name, pretrained=pretrained, pretrained_cfg_overlay=overlay)
+    try:
+        model = timm.create_model(name, pretrained=pretrained, pretrained_cfg_overlay=overlay,
+                                  **(model_kwargs or {}))
+    except TypeError as error:  # a keyword the model does not take
+        raise UsageError(f"timm:{name} --model-kwargs: {error}") from error
     check_probeable(model, f"timm:{name}")
     return model, weights
 
@@ -98,7 +113,34 @@ def check_probeable(model: nn.Module, label: str) -> None:
 
 
 def load_checkpoint(model: nn.Module, path: str | Path, label: str) -> None:
-    load_exactly(model, read_state_dict(path), f"checkpoint {path}", label)
+    """Load a state dict as timm loads pretrained weights: through the model's own
+    ``checkpoint_filter_fn`` where its module has one (it maps old and foreign key names, e.g.
+    DINOv2's, and resamples position embeddings to the model's grid), then exactly."""
+    state = read_state_dict(path)
+    module = importlib.import_module(type(model).__module__)
+    filter_fn = getattr(module, "checkpoint_filter_fn", None)
+    if filter_fn is not None:
+        try:
+            state = filter_fn(state, model)
+        except (KeyError, RuntimeError, ValueError) as error:
+            raise UsageError(f"checkpoint {path} does not fit {label}: timm's "
+                             f"{module.__name__}.checkpoint_filter_fn failed: {error}") from error
+    load_exactly(model, state, f"checkpoint {path}", label)
+
+
+def parse_model_kwargs(pairs: list[str]) -> dict:
+    """``k=v`` strings as timm's train.py reads ``--model-kwargs`` (``timm.utils.ParseKwargs``):
+    each value a Python literal where it parses as one, else a string."""
+    kwargs = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise UsageError(f"--model-kwargs {pair!r}: expected KEY=VALUE, e.g. img_size=224")
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return kwargs
 
 
 def surgery(model: nn.Module, variant: str, label: str) -> nn.Module:

@@ -30,7 +30,7 @@ from vitdepth.lit.csv_table import CsvTable
 from vitdepth.metrics.attention import SIMILAR_BLOCK_THRESHOLD, count_similar_blocks
 from vitdepth.predict.measure import write_gradients
 from vitdepth.probe import PROBE_DTYPES, probe_gradients, probe_metrics
-from vitdepth.rundir import INIT_EPOCH, LAYERS, LAYERS_COLUMNS
+from vitdepth.rundir import INIT_EPOCH, LAYERS, LAYERS_COLUMNS, SCALE_FREE, VANISHED, tokens_vanished
 from vitdepth.wandb_view.keys import LAYERS_TABLE, STEP
 
 # attn_similarity is NaN by definition at layers 0-1, attn_entropy at layer 0.
@@ -174,10 +174,17 @@ class RankCollapseCallback(Callback):
                                 pl_module.hparams.get("label_smoothing", 0.0))
         write_gradients(Path(trainer.default_root_dir), norms)
 
-    @staticmethod
-    def _flag_non_finite(means: dict[str, list[float]], epoch: int) -> None:
+    def _flag_non_finite(self, means: dict[str, list[float]], epoch: int) -> None:
+        """Warn about undefined values, saying which came from vanished tokens (see
+        ``vitdepth.rundir.tokens_vanished``) and which from the model itself."""
+        vanished = [layer for layer, norm in enumerate(means["token_norm"])
+                    if tokens_vanished(norm, self.dtype)]
         bad = [f"{name}@L{layer}" for name, values in means.items() for layer, v in enumerate(values)
-               if layer >= UNDEFINED_AT.get(name, 0) and not math.isfinite(v)]
+               if layer >= UNDEFINED_AT.get(name, 0) and not math.isfinite(v)
+               and not (layer in vanished and name in SCALE_FREE)]
+        if vanished:
+            rank_zero_warn(f"rank-collapse probe at epoch {epoch}: {VANISHED} at layers "
+                           f"{_layer_span(vanished)} (scale-free metrics logged as NaN)")
         if bad:
             rank_zero_warn(f"rank-collapse probe at epoch {epoch}: non-finite {', '.join(bad[:8])}"
                            f"{' ...' if len(bad) > 8 else ''} (logged as NaN)")
@@ -198,3 +205,7 @@ class RankCollapseCallback(Callback):
 def _nanmean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return sum(finite) / len(finite) if finite else float("nan")
+
+
+def _layer_span(layers: list[int]) -> str:
+    return ", ".join(map(str, layers)) if len(layers) <= 4 else f"{layers[0]}..{layers[-1]}"

@@ -49,7 +49,11 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
 
     Residual and ranks use all tokens (class token included, as Dong et al.'s code does);
     token_cosine uses patch tokens only, as DiversePatch defines it. attn_entropy is NaN where
-    there is no attention map (layer 0, the embedding output).
+    there is no attention map (layer 0, the embedding output). token_norm is the mean l2 norm of
+    the tokens: it tells collapse to a point (norm stays) from collapse to zero. Where the tokens
+    vanished (token_norm below the smallest normal number of the tokens' dtype: all zero or
+    subnormal, where float arithmetic has lost its relative precision) the scale-free metrics are
+    undefined and NaN; ``vitdepth.rundir.tokens_vanished`` tells readers why.
 
     The same values as calling each metric, computed with less work: inputs are cast to float64
     once, both residual norms share one residual, and when N <= C one token Gram matrix X Xᵀ
@@ -57,8 +61,11 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
     """
     n, c = tokens.shape[-2:]
     nan = torch.full((tokens.shape[0],), float("nan"), dtype=torch.float64, device=tokens.device)
+    floor = torch.finfo(tokens.dtype).tiny if tokens.is_floating_point() else 0.0
     with torch.autocast(tokens.device.type, enabled=False):
         x = tokens.detach().to(torch.float64)  # the metrics' own casts are then no-ops
+        norm = x.norm(dim=-1).mean(-1)
+        vanished = norm < floor
         res = token_residual(x)
         if n <= c:
             gram = x @ x.transpose(-1, -2)  # (B,N,N)
@@ -66,11 +73,15 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
             cosine = token_cosine_of_gram(gram[:, num_prefix_tokens:, num_prefix_tokens:])
         else:
             s2, cosine = squared_singular_values(x), token_cosine(x[:, num_prefix_tokens:])
-        return {
+        scale_free = {
             "rel_residual": residual_ratio(res, x, "composite"),
             "rel_residual_fro": residual_ratio(res, x, "fro"),
             "effective_rank": effective_rank_of_spectrum(s2),
             "stable_rank": stable_rank_of_spectrum(s2),
             "token_cosine": cosine,
+        }
+        return {
+            **{name: value.masked_fill(vanished, float("nan")) for name, value in scale_free.items()},
             "attn_entropy": nan if attn is None else attention_entropy(attn).mean(-1),
+            "token_norm": norm,
         }

@@ -145,7 +145,9 @@ def token_cosine_of_gram(gram: Tensor) -> Tensor:
     """``token_cosine`` from the token Gram matrix X Xᵀ (..., N, N), so it can share the spectrum's."""
     n = gram.shape[-1]
     diagonal = gram.diagonal(dim1=-2, dim2=-1)
-    inverse = 1 / diagonal.sqrt().clamp_min(1e-12)  # as F.normalize's eps
+    # a zero token has cosine 0 with every other, as F.normalize gives; its eps (1e-12) would also
+    # zero every token shorter than 1e-12, which a stack with small LayerScale produces
+    inverse = 1 / diagonal.sqrt().clamp_min(torch.finfo(gram.dtype).tiny)
     # sum_ij |G_ij| / (|x_i| |x_j|) as a matrix-vector product: no (N, N) matrix of cosines
     every_pair = (gram.abs() @ inverse[..., None]).squeeze(-1).mul_(inverse).sum(-1)
     return (every_pair - (diagonal.abs() * inverse * inverse).sum(-1)) / (n * (n - 1))

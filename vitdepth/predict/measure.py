@@ -51,7 +51,7 @@ def disagreement(run_dir: Path, layers: dict[str, np.ndarray]) -> float:
     for row in rows:
         eps = float(np.finfo(row.get("probe_dtype") or "float32").eps)
         allowed = max(AGREEMENT_RTOL, 10 * eps / max(float(row["rel_residual"]), 1e-30))
-        for name in rundir.LAYER_METRICS:
+        for name in (m for m in rundir.LAYER_METRICS if m in row):  # older files lack token_norm
             committed, recomputed = float(row[name]), float(layers[name][int(row["layer"])])
             if np.isnan(committed) and np.isnan(recomputed):
                 continue

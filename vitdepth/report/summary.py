@@ -27,12 +27,16 @@ METRICS = (
     "stable_rank",
     "attn_entropy",
     "rel_residual_fro",
+    "token_norm",
 )
 FACTS = ("run_id", "group", "dataset", "variant", "depth", "seed", "params")
 COLUMNS = (
     *FACTS,
     *("status", "reason", "val_acc1_best", "val_acc1_final", "test_acc1", "epochs", "wall_time_s"),
     *(f"{m}_{agg}_{when}" for m in METRICS for when in ("init", "end") for agg in ("last", "mean")),
+    # the first layer whose tokens vanished (empty: none): why its scale-free metrics are empty
+    "vanished_from_layer_init",
+    "vanished_from_layer_end",
 )
 CORRELATED = ("rel_residual", "token_cosine")  # end-of-training last-layer metrics set against accuracy
 
@@ -66,7 +70,18 @@ def summary_row(run: Run) -> dict:
     for m in METRICS:
         for when in ("init", "end"):
             row[f"{m}_last_{when}"], row[f"{m}_mean_{when}"] = layer_stats(run, m, when)
+    for when in ("init", "end"):
+        row[f"vanished_from_layer_{when}"] = vanished_from_layer(run, when)
     return row
+
+
+def vanished_from_layer(run: Run, when: str) -> int | None:
+    """The first layer at ``when`` whose tokens vanished (``vitdepth.rundir.tokens_vanished``)."""
+    norms = run.profile("token_norm", when)
+    gone = [] if norms is None else [
+        layer for layer, norm in enumerate(norms) if rundir.tokens_vanished(norm, run.probe_dtype)
+    ]
+    return gone[0] if gone else None
 
 
 def summary_csv(runs: list[Run]) -> str:
