@@ -80,6 +80,8 @@ def runs(sweep):
 def test_spearman_per_probe_epoch_by_hand(runs):
     rho = early.correlations(runs)
     assert sorted(rho) == EPOCHS
+    # these runs predate token_norm (layers.csv has an empty column): no column of n/a for it
+    assert "token_norm" not in rho[0] and "token_cosine" in rho[0]
     assert math.isnan(rho[-1]["rel_residual"][0]) and rho[-1]["rel_residual"][1] == 12  # all tied
     # Ranks of the 12 (residual, accuracy) pairs: sum dx*dy = 128, sum dx^2 = 136, sum dy^2 = 142.
     # The collapsed run enters epoch 1 with its epoch-0 probe and its final (chance) accuracy.

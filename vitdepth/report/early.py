@@ -56,7 +56,8 @@ def signal(run: Run, rule: str, epoch: int) -> float:
 
 
 def correlations(runs: list[Run]) -> dict[int, dict[str, tuple[float, int]]]:
-    """epoch -> metric -> (Spearman rho, n): the last-layer metric at epoch vs final val_acc1."""
+    """epoch -> metric -> (Spearman rho, n): the last-layer metric at epoch vs final val_acc1, for
+    the metrics some run measured."""
     done = summary.completed(runs)
     table = {}
     for epoch in probe_epochs(runs):
@@ -66,6 +67,10 @@ def correlations(runs: list[Run]) -> dict[int, dict[str, tuple[float, int]]]:
             pairs = [p for p in pairs if all(map(math.isfinite, p))]
             rho = summary.spearman(*zip(*pairs, strict=True)) if pairs else math.nan
             table[epoch][metric] = (rho, len(pairs))
+    unmeasured = [m for m in summary.METRICS if not any(t[m][1] for t in table.values())]
+    for row in table.values():  # e.g. token_norm in runs written before it existed
+        for metric in unmeasured:
+            del row[metric]
     return table
 
 
@@ -147,14 +152,15 @@ def section(runs: list[Run], margin: float) -> list[str]:
     if not epochs:
         return [*lines, "No completed runs with layers.csv probes."]
     rhos = correlations(runs)
+    metrics = list(rhos[epochs[0]])
     lines += [
         "### Spearman rho of each last-layer metric at epoch k vs final val_acc1",
         "",
-        "| probe epoch | " + " | ".join(summary.METRICS) + " | n |",
-        "|---|" + "---:|" * (len(summary.METRICS) + 1),
+        "| probe epoch | " + " | ".join(metrics) + " | n |",
+        "|---|" + "---:|" * (len(metrics) + 1),
         *(
             f"| {epoch_tick(e)} | "
-            + " | ".join(summary._num(rhos[e][m][0], 3) for m in summary.METRICS)
+            + " | ".join(summary._num(rhos[e][m][0], 3) for m in metrics)
             + f" | {rhos[e]['rel_residual'][1]} |"
             for e in epochs
         ),

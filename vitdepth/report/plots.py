@@ -208,7 +208,7 @@ def early_signals(runs: list[Run], colors: dict[str, str], margin: float) -> Fig
             _no_data(ax, "no completed runs with layers.csv probes")
         return fig
     rhos = early.correlations(runs)
-    for metric in summary.METRICS:
+    for metric in rhos[epochs[0]]:
         left.plot(epochs, [rhos[e][metric][0] for e in epochs], marker=".", label=metric)
     left.axhline(0, color="grey", lw=0.8)
     left.set(ylim=(-1.05, 1.05), xlabel="probe epoch", ylabel="Spearman rho vs final val acc@1",
