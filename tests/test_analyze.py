@@ -290,6 +290,56 @@ def test_a_lightning_checkpoint_gives_the_runs_own_final_probe(tmp_path):
     assert {r["weights"] for r in result.rows} == {"trained", "init"}
 
 
+# -- HF pre-LN vision encoders: the timm route's surgery ------------------------------------------
+
+VISION = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2,
+              num_attention_heads=4)
+
+
+def tiny_vision(family):
+    torch.manual_seed(0)
+    config = {
+        "vit": lambda: transformers.ViTConfig(intermediate_size=64, **VISION),
+        "deit": lambda: transformers.DeiTConfig(intermediate_size=64, **VISION),
+        "dinov2": lambda: transformers.Dinov2Config(layerscale_value=0.5, **VISION),
+        "clip": lambda: transformers.CLIPVisionConfig(intermediate_size=64, **VISION),
+    }[family]()
+    if family == "clip":
+        return transformers.CLIPVisionModel(config).eval()
+    return transformers.AutoModel.from_config(config).eval()
+
+
+@pytest.mark.parametrize("family", ["vit", "deit", "dinov2", "clip"])
+def test_hf_vision_surgery_is_the_pre_ln_block_with_its_parts_removed(family):
+    from vitdepth.analyze.hf_surgery import PRE_LN, _pre_ln_surgery
+
+    model = tiny_vision(family)
+    pixels = torch.randn(2, 3, 16, 16)
+    hidden, _ = layer_tokens_and_maps(model, {"pixel_values": pixels})
+    # our forward with nothing removed is the model's own, to the bit
+    same = _pre_ln_surgery(copy.deepcopy(model), PRE_LN[model.config.model_type], False, False)
+    assert all(torch.equal(a, b) for a, b in
+               zip(layer_tokens_and_maps(same, {"pixel_values": pixels})[0], hidden, strict=True))
+    names = PRE_LN[model.config.model_type]
+    for variant in ("skip", "mlp", "pure"):
+        changed = dong_surgery(model, variant, family)
+        removed = tuple(f"{p}.{i}.{n}." for p in ("layers", "encoder.layer", "encoder.layers")
+                        for i in range(2) for n in (names.norm2, names.mlp, *names.scale2)
+                        if variant != "mlp" and n not in names.scale1)
+        assert_kept_weights_identical(model, changed, removed or ("nothing",))
+        tokens, maps = layer_tokens_and_maps(changed, {"pixel_values": pixels})
+        assert len(tokens) == 3 and len(maps) == 2  # the recorders see the changed layers
+        assert torch.equal(tokens[0], hidden[0]) and not torch.allclose(tokens[1], hidden[1])
+        if variant == "pure":  # no skip, no MLP: the layer is its scaled attention branch
+            layer = [m for m in changed.modules() if hasattr(m, "dong_names")][0]
+            h = getattr(layer, names.norm1)(tokens[0])
+            kw = {names.attention_keyword: h} if names.attention_keyword else {}
+            out = getattr(layer, names.attention)(*([] if kw else [h]), **kw)[0]
+            for scale in names.scale1:
+                out = getattr(layer, scale)(out)
+            torch.testing.assert_close(tokens[1], out)  # sdpa here, eager in the probe
+
+
 # -- bad input: one line, exit 2 -----------------------------------------------------------------
 
 
@@ -345,17 +395,23 @@ def test_a_mismatched_checkpoint_names_a_few_keys(tmp_path, capsys):
     assert "unexpected keys encoder.layer.2." in err and "(+12 more)" in err
 
 
-def test_unsupported_surgery_is_one_line(tmp_path, capsys):
-    folder = tmp_path / "vit"
+def test_unsupported_surgery_is_one_line_before_any_forward_pass(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "beit"
     transformers.AutoModel.from_config(
-        transformers.ViTConfig(
+        transformers.BeitConfig(
             image_size=16, patch_size=4, **{k: v for k, v in TINY_TEXT.items() if k != "vocab_size"}
         )
     ).save_pretrained(folder)
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("measured before every option was checked")
+
+    monkeypatch.setattr("vitdepth.analyze.hf_models.layer_metrics", no_forward)
     err = one_line_error(
         capsys, ["analyze", f"hf:{folder}", "--variants", "full,skip", "--out", str(tmp_path)]
     )
-    assert "'vit' model: surgery (skip) is implemented for HF bert, roberta, albert" in err
+    assert "'beit' model: surgery (skip) is implemented for HF bert, roberta, albert" in err
+    assert "dinov2" in err and "clip_vision_model" in err
     err = one_line_error(
         capsys,
         ["analyze", "timm:vitdepth_tiny_p4_32", "--variants", "pure,bogus", "--out", str(tmp_path)],

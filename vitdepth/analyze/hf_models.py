@@ -51,8 +51,11 @@ class HFModel:
 
 
 def load_hf(name: str, pretrained: bool, checkpoint: str | None, seed: int | None) -> HFModel:
-    """``name`` is a local save_pretrained folder or a Hub id already in the local cache."""
+    """``name`` is a local save_pretrained folder, a Hub id already in the local cache, or an
+    exported ``.onnx`` graph of an HF encoder (its config read off the graph)."""
     transformers = require_transformers()
+    if name.endswith(".onnx"):
+        return _load_onnx(name, pretrained, checkpoint, seed)
     config = _config(transformers, name)
     vision = (
         config.model_type == "clip"
@@ -91,15 +94,38 @@ def load_hf(name: str, pretrained: bool, checkpoint: str | None, seed: int | Non
     )
 
 
+def _load_onnx(name: str, pretrained: bool, checkpoint: str | None, seed: int | None) -> HFModel:
+    from vitdepth.analyze.onnx_weights import hf_model, read_onnx
+
+    if checkpoint:
+        raise UsageError(f"hf:{name} is a graph with its own weights: give --pretrained, "
+                         "not --checkpoint")
+    encoder = read_onnx(name)
+    if pretrained:
+        model = hf_model(encoder)
+    else:
+        torch.manual_seed(seed or 0)
+        model = require_transformers().AutoModel.from_config(encoder.hf_config()).eval()
+    cfg = model.config
+    mean, std = encoder.mean_std
+    return HFModel(model, [Path(name)] if pretrained else [], cfg.image_size, cfg.patch_size,
+                   cfg.num_channels, mean, std, f"{encoder.family} defaults (no processor in an "
+                   "ONNX graph)", None)
+
+
 def _from_checkpoint(name: str, config, checkpoint: str) -> nn.Module:
     """from_pretrained on a state dict: transformers maps saved key names onto its modules'
     (v5 renames some, e.g. DeiT's ``attention.attention.query`` to ``q_proj``); any key left over
     is an error."""
+
+    return from_state(config, read_state_dict(checkpoint), f"checkpoint {checkpoint}", f"hf:{name}")
+
+
+def from_state(config, state: dict, source: str, target: str) -> nn.Module:
+    """The model of ``config`` with the tensors of ``state`` (see ``_from_checkpoint``)."""
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
     model_class = MODEL_MAPPING[type(config)]  # from_pretrained(None, ...) needs the concrete class
-    state = read_state_dict(checkpoint)
-    source, target = f"checkpoint {checkpoint}", f"hf:{name}"
     model, info = model_class.from_pretrained(
         None,
         config=config,

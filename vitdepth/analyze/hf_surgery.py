@@ -16,11 +16,17 @@ ALBERT, also as their notebook does it: no skip swaps the attention for
 ``AlbertAttentionWithoutSkipConnection`` (LayerNorm(dropout(dense(context))), no ``+ input``);
 no MLP sets ``ffn`` and ``ffn_output`` to identities, which leaves the activation, the feed-forward
 skip and ``full_layer_layer_norm``: the layer output is LayerNorm(gelu(a) + a), not a.
+
+The pre-LN vision encoders (ViT, DeiT, DINOv2, CLIP's vision tower) are timm's block in other
+names, x + ls1(attn(norm1(x))) then x + ls2(mlp(norm2(x))), so they get the surgery of our timm
+route (``vitdepth.analyze.timm_models``): no skip drops the ``x +``, no MLP removes norm2, the MLP
+and its LayerScale. LayerScale stays where the weights have it (DINOv2), as in the timm route.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,6 +34,63 @@ from torch import nn
 from vitdepth.errors import UsageError
 
 DONG_FAMILIES = ("bert", "roberta", "albert")
+
+
+@dataclass(frozen=True)
+class PreLNNames:
+    """Where a pre-LN layer keeps its parts: the attention branch (norm, attention, what scales
+    its output) and the MLP branch likewise; ``attention_keyword`` is how the layer passes its
+    input to the attention module."""
+
+    norm1: str
+    attention: str
+    attention_keyword: str | None
+    scale1: tuple[str, ...]
+    norm2: str
+    mlp: str
+    scale2: tuple[str, ...]
+
+
+PRE_LN = {  # transformers' modeling_{vit,deit,dinov2,clip}.py layer forwards
+    "vit": PreLNNames("layernorm_before", "attention", None, ("dropout",),
+                      "layernorm_after", "mlp", ("dropout",)),
+    "dinov2": PreLNNames("norm1", "attention", None,
+                         ("layer_scale1", "drop_path"), "norm2", "mlp",
+                         ("layer_scale2", "drop_path")),
+    "clip_vision_model": PreLNNames("layer_norm1", "self_attn",
+                                    "hidden_states", (), "layer_norm2", "mlp", ()),
+}
+PRE_LN["deit"] = PRE_LN["vit"]
+SUPPORTED = (*DONG_FAMILIES, *PRE_LN)
+
+
+def check_surgery(family: str, variant: str, label: str) -> None:
+    """One error line for a (model, variant) pair without a surgery, before any work is done."""
+    if variant != "full" and family not in SUPPORTED:
+        raise UsageError(
+            f"{label} is a {family!r} model: surgery ({variant}) is implemented for HF "
+            f"{', '.join(SUPPORTED)} and for timm ViTs; use --variants full"
+        )
+
+
+def pre_ln_forward(self, hidden_states, attention_mask=None, **kwargs):
+    """A pre-LN layer with ``self.skip`` and ``self.has_mlp`` as Dong's variant sets them."""
+    names = self.dong_names
+    h = getattr(self, names.norm1)(hidden_states)
+    attention = getattr(self, names.attention)
+    if names.attention_keyword:
+        h = attention(**{names.attention_keyword: h}, attention_mask=attention_mask, **kwargs)[0]
+    else:
+        h = attention(h, attention_mask, **kwargs)[0]
+    for name in names.scale1:
+        h = getattr(self, name)(h)
+    hidden_states = h + hidden_states if self.skip else h
+    if not self.has_mlp:
+        return hidden_states
+    h = getattr(self, names.mlp)(getattr(self, names.norm2)(hidden_states))
+    for name in names.scale2:
+        h = getattr(self, name)(h)
+    return h + hidden_states if self.skip else h
 
 
 class SelfOutputWithoutSkip(nn.Module):
@@ -102,17 +165,14 @@ def _albert_attention_without_skip():
 
 def dong_surgery(model: nn.Module, variant: str, label: str) -> nn.Module:
     """A copy of ``model`` with Dong's surgery for ``variant`` (full, skip, mlp, pure)."""
+    family = model.config.model_type
+    check_surgery(family, variant, label)
     if variant == "full":
         return model
-    family = model.config.model_type
-    if family not in DONG_FAMILIES:
-        raise UsageError(
-            f"{label} is a {family!r} model: surgery ({variant}) is implemented for HF "
-            f"{', '.join(DONG_FAMILIES)} (Dong et al.'s code) and for timm ViTs; "
-            "use --variants full"
-        )
     model = copy.deepcopy(model)
     remove_skip, remove_mlp = variant in ("mlp", "pure"), variant in ("skip", "pure")
+    if family in PRE_LN:
+        return _pre_ln_surgery(model, PRE_LN[family], remove_skip, remove_mlp)
     if family == "albert":
         without_skip = _albert_attention_without_skip()
         for group in model.encoder.albert_layer_groups:
@@ -127,4 +187,21 @@ def dong_surgery(model: nn.Module, variant: str, label: str) -> nn.Module:
             layer.attention.output = SelfOutputWithoutSkip(layer.attention.output)
         if remove_mlp:
             layer.intermediate, layer.output = IntermediateRemoved(), OutputRemoved()
+    return model
+
+
+def _pre_ln_surgery(model: nn.Module, names: PreLNNames, remove_skip: bool,
+                    remove_mlp: bool) -> nn.Module:
+    """Each layer becomes a subclass of its own class (so transformers' output recorders, which
+    match layers and attention modules by class, still see it) with ``pre_ln_forward``; a removed
+    MLP branch leaves the module, so its tensors leave the state dict."""
+    layers = [m for m in model.modules() if hasattr(m, names.norm1) and hasattr(m, names.mlp)]
+    for layer in layers:
+        cls = type(layer)
+        layer.__class__ = type(f"Dong{cls.__name__}", (cls,), {"forward": pre_ln_forward})
+        layer.dong_names, layer.skip, layer.has_mlp = names, not remove_skip, not remove_mlp
+        if remove_mlp:
+            for name in (names.norm2, names.mlp, *names.scale2):
+                if name not in names.scale1:  # DINOv2's drop_path serves both branches
+                    delattr(layer, name)
     return model

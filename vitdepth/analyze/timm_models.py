@@ -22,6 +22,7 @@ import torch
 from timm.models.vision_transformer import Block
 from torch import nn
 
+from vitdepth.analyze.hf_to_timm import dinov2_to_timm, is_hf_dinov2
 from vitdepth.analyze.weights import load_exactly, offline_error, read_state_dict
 from vitdepth.errors import UsageError
 from vitdepth.models import VARIANTS, VariantBlock
@@ -115,8 +116,11 @@ def check_probeable(model: nn.Module, label: str) -> None:
 def load_checkpoint(model: nn.Module, path: str | Path, label: str) -> None:
     """Load a state dict as timm loads pretrained weights: through the model's own
     ``checkpoint_filter_fn`` where its module has one (it maps old and foreign key names, e.g.
-    DINOv2's, and resamples position embeddings to the model's grid), then exactly."""
+    DINOv2's, and resamples position embeddings to the model's grid), then exactly. A Hugging
+    Face DINOv2 state dict is first renamed to timm's (``vitdepth.analyze.hf_to_timm``)."""
     state = read_state_dict(path)
+    if is_hf_dinov2(state):  # a Hugging Face port, e.g. read from an exported ONNX graph
+        state = dinov2_to_timm(state)
     module = importlib.import_module(type(model).__module__)
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
     if filter_fn is not None:

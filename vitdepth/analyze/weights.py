@@ -10,13 +10,13 @@ from torch import nn
 
 from vitdepth.errors import UsageError
 
-STATE_DICT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+STATE_DICT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".onnx")
 SHOWN_KEYS = 4  # keys named in a mismatch message; the rest are counted
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Tensors of a ``.safetensors`` file, a ``.pth``/``.pt``/``.bin`` state dict or a Lightning
-    ``.ckpt``.
+    ``.ckpt``, or the HF encoder inside an ONNX graph (``vitdepth.analyze.onnx_weights``, HF names).
 
     A Lightning checkpoint of ours holds the network under ``model.``; that prefix is removed and
     the module's other state (metrics) is dropped. Files load with ``weights_only`` (no pickled
@@ -27,6 +27,10 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise UsageError(f"checkpoint {path} not found")
     if path.suffix not in STATE_DICT_SUFFIXES:
         raise UsageError(f"checkpoint {path}: expected one of {', '.join(STATE_DICT_SUFFIXES)}")
+    if path.suffix == ".onnx":
+        from vitdepth.analyze.onnx_weights import read_onnx
+
+        return read_onnx(path).state
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
