@@ -99,7 +99,7 @@ def analyze(
     )
     first = source.build(passes[0][1])  # also tells the source its input size and normalisation
     for variant in variants:  # an unsupported (model, variant) fails now, not after work is done
-        source.surgery(first, variant)
+        source.check(first, variant)
     batch, described = _inputs(
         source, data, data_root, images, text, random_tokens, n_inputs, max_length
     )

@@ -72,25 +72,33 @@ def load_hf(name: str, pretrained: bool, checkpoint: str | None, seed: int | Non
     elif checkpoint:
         model = _from_checkpoint(name, cfg, checkpoint)
     else:
-        if seed is not None:
-            torch.manual_seed(seed)
-        model = transformers.AutoModel.from_config(cfg)
-    model.eval()
-    cfg = model.config
+        model = _init(cfg, seed)
     text = model.main_input_name == "input_ids"
-    mean, std, source = (
-        (None, None, "") if text else _normalisation(transformers, name, cfg.num_channels)
-    )
+    normalisation = None if text else _normalisation(transformers, name, model.config.num_channels)
+    return _described(model.eval(), _weight_files(name) if pretrained else [], normalisation)
+
+
+def _init(config, seed: int | None) -> nn.Module:
+    if seed is not None:
+        torch.manual_seed(seed)
+    return require_transformers().AutoModel.from_config(config)
+
+
+def _described(model: nn.Module, weight_files: list[Path], normalisation: tuple | None) -> HFModel:
+    """``model`` with what analyze needs to feed it; ``normalisation`` (mean, std, where from) is
+    None for a text encoder."""
+    cfg = model.config
+    mean, std, source = normalisation or (None, None, "")
     return HFModel(
         model,
-        _weight_files(name) if pretrained else [],
-        None if text else cfg.image_size,
-        None if text else cfg.patch_size,
+        weight_files,
+        None if normalisation is None else cfg.image_size,
+        None if normalisation is None else cfg.patch_size,
         getattr(cfg, "num_channels", 0),
         mean,
         std,
         source,
-        cfg.vocab_size if text else None,
+        cfg.vocab_size if normalisation is None else None,
     )
 
 
@@ -101,16 +109,9 @@ def _load_onnx(name: str, pretrained: bool, checkpoint: str | None, seed: int | 
         raise UsageError(f"hf:{name} is a graph with its own weights: give --pretrained, "
                          "not --checkpoint")
     encoder = read_onnx(name)
-    if pretrained:
-        model = hf_model(encoder)
-    else:
-        torch.manual_seed(seed or 0)
-        model = require_transformers().AutoModel.from_config(encoder.hf_config()).eval()
-    cfg = model.config
-    mean, std = encoder.mean_std
-    return HFModel(model, [Path(name)] if pretrained else [], cfg.image_size, cfg.patch_size,
-                   cfg.num_channels, mean, std, f"{encoder.family} defaults (no processor in an "
-                   "ONNX graph)", None)
+    model = hf_model(encoder) if pretrained else _init(encoder.hf_config(), seed)
+    normalisation = (*encoder.mean_std, f"{encoder.family} defaults (no processor in an ONNX graph)")
+    return _described(model.eval(), [Path(name)] if pretrained else [], normalisation)
 
 
 def _from_checkpoint(name: str, config, checkpoint: str) -> nn.Module:

@@ -25,7 +25,7 @@ RENAMES = (  # HF key pattern -> timm key
 )
 QKV = re.compile(r"encoder\.layer\.(\d+)\.attention\.(?:attention\.(query|key|value)|([qkv])_proj)"
                  r"\.(weight|bias)")
-DROPPED = ("embeddings.mask_token",)  # masked image modelling only; timm's model has none
+MASK_TOKEN = "embeddings.mask_token"  # DINOv2's, for masked image modelling; timm's model has none
 
 
 def is_hf_dinov2(state: dict) -> bool:
@@ -37,7 +37,7 @@ def dinov2_to_timm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     kept as it is, so loading it reports it as unexpected."""
     out, qkv = {}, {}
     for key, value in state.items():
-        if key in DROPPED:
+        if key == MASK_TOKEN:
             continue
         if match := QKV.fullmatch(key):
             layer, long, short, kind = match.groups()

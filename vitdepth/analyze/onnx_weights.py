@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitdepth.analyze.hf_to_timm import MASK_TOKEN
 from vitdepth.analyze.weights import some_keys
 from vitdepth.errors import UsageError
 
 CLS_TOKEN = "embeddings.cls_token"
 POSITIONS = "embeddings.position_embeddings"
-MASK_TOKEN = "embeddings.mask_token"  # DINOv2's masked-image-modelling token
 IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # DINOv2's image processor
 FAMILIES = {  # a key only that family has -> its HF model type
     "layer_scale1.lambda1": "dinov2",
@@ -175,6 +175,7 @@ def _config(path: Path, family: str, state: dict, graph, scope: str) -> dict:
     """The config the tensors imply; the head count and LayerNorm eps from the graph's constants
     (they are not in any tensor's shape)."""
     hidden = state[CLS_TOKEN].shape[-1]
+    constants = _constants(graph)
     layers = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"encoder\.layer\.(\d+)\.", k)))
     patch = state["embeddings.patch_embeddings.projection.weight"]
     fc1 = next(v for k, v in state.items() if re.fullmatch(r"encoder\.layer\.0\..*fc1\.weight", k))
@@ -184,11 +185,11 @@ def _config(path: Path, family: str, state: dict, graph, scope: str) -> dict:
     config = dict(
         hidden_size=hidden,
         num_hidden_layers=layers,
-        num_attention_heads=hidden // _head_dim(path, graph, scope, hidden),
+        num_attention_heads=hidden // _head_dim(path, graph, constants, scope, hidden),
         patch_size=patch.shape[-1],
         num_channels=patch.shape[1],
         image_size=grid * patch.shape[-1],
-        layer_norm_eps=_layer_norm_eps(graph, scope),
+        layer_norm_eps=_layer_norm_eps(graph, constants, scope),
         qkv_bias="encoder.layer.0.attention.attention.query.bias" in state,
     )
     if family == "dinov2":
@@ -203,9 +204,8 @@ def _constants(graph) -> dict:
             for n in graph.node if n.op_type == "Constant" and n.attribute[0].name == "value"}
 
 
-def _head_dim(path: Path, graph, scope: str, hidden: int) -> int:
+def _head_dim(path: Path, graph, constants: dict, scope: str, hidden: int) -> int:
     """The last dimension the first attention splits its heads into (view(B, N, heads, dim))."""
-    constants = _constants(graph)
     for node in graph.node:
         if node.op_type == "Concat" and node.name.startswith(f"{scope}encoder/layer.0/attention/"):
             sizes = [int(constants[i].item()) for i in node.input if i in constants
@@ -215,9 +215,8 @@ def _head_dim(path: Path, graph, scope: str, hidden: int) -> int:
     raise UsageError(f"{path}: cannot find the attention head size in the graph")
 
 
-def _layer_norm_eps(graph, scope: str) -> float:
+def _layer_norm_eps(graph, constants: dict, scope: str) -> float:
     """The constant the first LayerNorm adds to the variance, as a round number (1e-06)."""
-    constants = _constants(graph)
     for node in graph.node:
         if node.op_type == "Add" and node.name.startswith(f"{scope}encoder/layer.0/"):
             values = [constants[i] for i in node.input if i in constants and constants[i].size == 1]

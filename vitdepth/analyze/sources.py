@@ -59,6 +59,9 @@ class TimmSource:
     def default_data(self) -> tuple[str, dict]:
         return "digits", {}
 
+    def check(self, model: nn.Module, variant: str) -> None:
+        timm_models.check_surgery(model, variant, self.label)
+
     def surgery(self, model: nn.Module, variant: str) -> nn.Module:
         return timm_models.surgery(model, variant, self.label)
 
@@ -164,6 +167,11 @@ class HFSource:
 
     def default_data(self) -> tuple[str, dict]:
         return "digits", {}
+
+    def check(self, model: nn.Module, variant: str) -> None:
+        from vitdepth.analyze.hf_surgery import check_surgery
+
+        check_surgery(model.config.model_type, variant, self.label)
 
     def surgery(self, model: nn.Module, variant: str) -> nn.Module:
         from vitdepth.analyze.hf_surgery import dong_surgery

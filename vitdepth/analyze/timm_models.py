@@ -147,11 +147,9 @@ def parse_model_kwargs(pairs: list[str]) -> dict:
     return kwargs
 
 
-def surgery(model: nn.Module, variant: str, label: str) -> nn.Module:
-    """A copy of ``model`` with every block turned into Dong et al.'s ``variant`` (module doc).
-
-    ``full`` maps plain blocks too, so the full variant runs through the same VariantBlock code.
-    """
+def check_surgery(model: nn.Module, variant: str, label: str) -> bool:
+    """Whether ``model``'s blocks are timm's plain ones (surgery maps them); one error line for a
+    variant other than full on any other block, before any work is done."""
     if variant not in SURGERY_VARIANTS:
         raise UsageError(
             f"unknown variant {variant!r} for analyze; choose from {', '.join(SURGERY_VARIANTS)}"
@@ -160,14 +158,22 @@ def surgery(model: nn.Module, variant: str, label: str) -> nn.Module:
         type(b) is Block or (type(b) is VariantBlock and getattr(model, "variant", "") == "full")
         for b in model.blocks
     )
-    if not plain:
-        if variant == "full":
-            return model  # measured as it is
+    if not plain and variant != "full":
         kinds = sorted({type(b).__name__ for b in model.blocks})
         raise UsageError(
             f"{label}: surgery ({variant}) needs timm's plain Block, found {', '.join(kinds)} "
             f"(variant {getattr(model, 'variant', '?')}); use --variants full"
         )
+    return plain
+
+
+def surgery(model: nn.Module, variant: str, label: str) -> nn.Module:
+    """A copy of ``model`` with every block turned into Dong et al.'s ``variant`` (module doc).
+
+    ``full`` maps plain blocks too, so the full variant runs through the same VariantBlock code.
+    """
+    if not check_surgery(model, variant, label):
+        return model  # full on blocks of another kind: measured as it is
     model = copy.deepcopy(model)
     spec = VARIANTS[variant]
     for block in model.blocks:

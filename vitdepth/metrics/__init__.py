@@ -22,6 +22,7 @@ from vitdepth.metrics.rank import (
     token_cosine_of_gram,
     token_residual,
 )
+from vitdepth.rundir import NORMAL_FLOOR
 
 __all__ = [
     "attention_entropy",
@@ -61,7 +62,7 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
     """
     n, c = tokens.shape[-2:]
     nan = torch.full((tokens.shape[0],), float("nan"), dtype=torch.float64, device=tokens.device)
-    floor = torch.finfo(tokens.dtype).tiny if tokens.is_floating_point() else 0.0
+    floor = NORMAL_FLOOR.get(str(tokens.dtype).removeprefix("torch."), 0.0)
     with torch.autocast(tokens.device.type, enabled=False):
         x = tokens.detach().to(torch.float64)  # the metrics' own casts are then no-ops
         norm = x.norm(dim=-1).mean(-1)
