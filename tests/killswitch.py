@@ -8,6 +8,9 @@ The process dies on the N-th call of POINT (N = 0: never; every call is traced t
 
     step, validation      ViTClassifier.training_step / validation_step, before the step runs
     probe                 RankCollapseCallback.probe, before the probe runs
+    metrics               the background metrics of the N-th probe: they never finish, and the
+                          process dies when training first waits for them (the next probe, a
+                          checkpoint of a later step, the end of training)
     write:NAME            the rename that puts a file named NAME (last.ckpt, metrics.csv, summary.md, ...)
                           in place; the temp file is cut to half its size first, as a kill mid-write leaves it
 """
@@ -18,6 +21,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from vitdepth.cli import main
@@ -42,6 +46,8 @@ class KillSwitch:
     def install(self) -> None:
         if self.point.startswith("write:"):
             self._wrap_replace(self.point.split(":", 1)[1])
+        elif self.point == "metrics":
+            self._hold_metrics()
         else:
             module, class_name, name = METHODS[self.point]  # imported here: `write:` points need no torch
             owner = getattr(importlib.import_module(module), class_name)
@@ -53,6 +59,25 @@ class KillSwitch:
                 return original(*args, **kwargs)
 
             setattr(owner, name, wrapped)
+
+    def _hold_metrics(self) -> None:
+        from vitdepth.callbacks.rank_collapse import RankCollapseCallback
+
+        measure, flush = RankCollapseCallback._measure, RankCollapseCallback.flush
+
+        def held(callback, *args, **kwargs):
+            if self.reached(self.point):
+                threading.Event().wait()  # in the worker thread: these metrics never finish
+            return measure(callback, *args, **kwargs)
+
+        def waiting(callback):
+            pending = callback._pending
+            if pending is not None and len(callback.timings) >= self.n > 0 \
+                    and pending.timing is callback.timings[self.n - 1]:
+                self.strike()
+            return flush(callback)
+
+        RankCollapseCallback._measure, RankCollapseCallback.flush = held, waiting
 
     def _wrap_replace(self, filename: str) -> None:
         original = os.replace

@@ -19,13 +19,14 @@ from vitdepth.cli import main
 from vitdepth.lit.classifier import ViTClassifier
 
 record = {"losses": [], "batch_sizes": [], "images_per_sec": [], "probes": 0}
-probe_metrics, training_step, epoch_end = (rank_collapse.probe_metrics, ViTClassifier.training_step,
-                                           ViTClassifier.on_train_epoch_end)
+measure_layers, training_step, epoch_end = (rank_collapse.measure_layers,
+                                            ViTClassifier.training_step,
+                                            ViTClassifier.on_train_epoch_end)
 
 
 def counted_probe(*args, **kwargs):
     record["probes"] += 1
-    return probe_metrics(*args, **kwargs)
+    return measure_layers(*args, **kwargs)
 
 
 def recorded_step(self, batch, batch_idx):
@@ -42,7 +43,7 @@ def recorded_epoch_end(self):
 
 if __name__ == "__main__":
     out, args = Path(sys.argv[1]), sys.argv[2:]
-    rank_collapse.probe_metrics = counted_probe
+    rank_collapse.measure_layers = counted_probe
     ViTClassifier.training_step = recorded_step
     ViTClassifier.on_train_epoch_end = recorded_epoch_end
     code = main(args)

@@ -31,27 +31,34 @@ def test_quick_bench_json_has_every_figure_and_its_provenance(quick_bench):
     assert set(doc["figures"]) == {f.name for f in figures(CPU)}  # CPU run: no GPU figures
     for name, figure in doc["figures"].items():
         assert isinstance(figure["value"], float), name
-        assert figure["pass"] in (True, False, None) and (figure["pass"] is None) == (figure["op"] is None), name
+        judged = figure["op"] is not None and not doc["busy"] and not figure["error"]
+        assert figure["pass"] in (True, False, None) and (figure["pass"] is not None) == judged, name
     assert doc["threads"] == 1 and doc["quick"] is True and doc["device"] == "cpu"
     assert doc["command"].startswith("vitdepth bench --device cpu --quick")
-    assert {"hardware", "versions", "git", "glibc_tunables", "load_start", "plan"} <= set(doc)
+    assert {"hardware", "versions", "git", "glibc_tunables", "load_start", "busy_cores_start",
+            "busy", "plan"} <= set(doc)
     results = doc["results"]
-    assert set(results["a"]["images_per_s"]) == {"lightning", "bare", "timm"}
-    assert len(results["b"]["probe_seconds"]) >= 2  # the callback probed during the timed fits
+    assert {"lightning", "bare", "timm"} <= set(results["a"]["images_per_s"])
+    assert results["a"]["step_overhead_ms"] is not None and results["a"]["lightning_floor_ms"]
+    assert len(results["b"]["probe_seconds"]) >= 1  # the callback probed during a's fit
+    assert len(results["b"]["probes_at_c"]["blocking_s"]) >= 2
     assert {"depth", "tokens", "batch"} <= set(results["c"]["scaling"])
     assert {"digits", "mnist5k", "synthetic", "cifar10"} <= set(results["d"]["loaders"])
     assert results["e"]["flops_per_step"] > 0
-    for name in (n for n, f in doc["figures"].items() if f["pass"] is False):
+    for name in (n for n, f in doc["figures"].items() if f["met"] is False):
         assert results["profiles"][name], f"{name} missed its target without a profile"
 
 
 def test_quick_bench_markdown_lists_every_figure_with_its_target(quick_bench):
     text = (quick_bench / "bench.md").read_text()
+    verdicts = {name: f["verdict"] for name, f in
+                json.loads((quick_bench / "bench.json").read_text())["figures"].items()}
+    shown = {"PASS": "PASS", "MISS": "MISS", "NOT JUDGED": "not judged (busy)", "ERROR": "ERROR"}
     for figure in figures(CPU):
         row = next(line for line in text.splitlines() if line.startswith(f"| `{figure.name}` |"))
         if figure.op:
             assert f"{figure.op} {figure.target:.3g}" in row, row
-            assert "PASS" in row or "MISS" in row, row
+            assert shown[verdicts[figure.name]] in row, row
     for section in SECTIONS:
         heading = f"## {section.key}. {section.title}" if section.runs(CPU) else section.not_run[0]
         assert heading in text
@@ -77,6 +84,10 @@ def test_every_figure_is_registered_once_and_every_target_has_a_cause_and_a_prof
             assert figure.cause and figure.profile, figure.name
 
 
+def meta_of(doc: dict, **changes) -> dict:
+    return {**{k: v for k, v in doc.items() if k not in ("plan", "figures", "results")}, **changes}
+
+
 def test_gpu_section_reports_its_figures_from_results(quick_bench, tmp_path):
     """What --device cuda writes, from stand-in results (no GPU here): f's table and figures."""
     doc = json.loads((quick_bench / "bench.json").read_text())
@@ -85,8 +96,7 @@ def test_gpu_section_reports_its_figures_from_results(quick_bench, tmp_path):
         "compiled_images_per_s": {"lightning": 1e4, "bare": 2e4},
         "compiled_timings": {}, "mfu_bf16_eager": 0.2, "mfu_bf16_eager_bare": 0.25,
         "mfu_bf16_compile": 0.5, "mfu_bf16_compile_bare": 0.55}}
-    meta = {k: v for k, v in doc.items() if k not in ("plan", "figures", "results")}
-    write_report(tmp_path, results, GPU, meta)
+    write_report(tmp_path, results, GPU, meta_of(doc, busy_cores_start=0.0, busy_cores_end=0.0))
     written = json.loads((tmp_path / "bench.json").read_text())
     assert set(written["figures"]) == {f.name for f in figures(GPU)}
     assert written["figures"]["mfu_bf16_compile"]["pass"] is True
@@ -100,14 +110,38 @@ def test_a_failed_section_is_reported_and_the_rest_still_written(quick_bench, tm
     doc = json.loads((quick_bench / "bench.json").read_text())
     results = {k: v for k, v in doc["results"].items() if k != "c"}
     results["errors"] = {"c": "RuntimeError: boom"}
-    meta = {k: v for k, v in doc.items() if k not in ("plan", "figures", "results")}
-    write_report(tmp_path, results, CPU, meta)
+    write_report(tmp_path, results, CPU, meta_of(doc))
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["figures"]["metrics_s_d12_b256"]["value"] is None
     assert written["figures"]["ours_over_bare"]["value"] == doc["figures"]["ours_over_bare"]["value"]
     text = (tmp_path / "bench.md").read_text()
     assert "RuntimeError: boom" in text and "**ERROR**" in text
     assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_a_fraction_of_a_peak_above_one_is_an_error_never_a_pass(quick_bench, tmp_path):
+    doc = json.loads((quick_bench / "bench.json").read_text())
+    results = {**doc["results"], "e": {**doc["results"]["e"], "flop_fraction": 1.24}}
+    write_report(tmp_path, results, CPU, meta_of(doc, busy_cores_start=0.0, busy_cores_end=0.0))
+    written = json.loads((tmp_path / "bench.json").read_text())
+    figure = written["figures"]["flop_fraction"]
+    assert figure["verdict"] == "ERROR" and figure["pass"] is None and "above 1" in figure["error"]
+    assert written["figures"]["ours_over_bare"]["verdict"] in ("PASS", "MISS")  # idle: judged
+    row = next(line for line in (tmp_path / "bench.md").read_text().splitlines()
+               if line.startswith("| `flop_fraction` |"))
+    assert "**ERROR**" in row and "PASS" not in row
+
+
+def test_a_busy_machine_marks_no_figure_pass_or_miss(quick_bench, tmp_path):
+    doc = json.loads((quick_bench / "bench.json").read_text())
+    cores = doc["hardware"]["cpu_count"]
+    write_report(tmp_path, doc["results"], CPU,
+                 meta_of(doc, busy_cores_start=0.6 * cores, busy_cores_end=0.0))
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["busy"] is True
+    assert {f["verdict"] for f in written["figures"].values()} <= {"NOT JUDGED", "ERROR", "—"}
+    text = (tmp_path / "bench.md").read_text()
+    assert "**Busy machine**" in text and "| PASS |" not in text and "**MISS**" not in text
 
 
 def test_the_spectrum_floor_times_the_very_eigenvalues_the_metrics_rank():

@@ -234,3 +234,26 @@ def test_attributes_exist_before_setup(tmp_path):
 def test_bad_options_are_usage_errors(kwargs, message):
     with pytest.raises(UsageError, match=message):
         ImageDataModule(**kwargs)
+
+
+def test_step_reseeding_draws_what_the_step_seed_draws_and_formats_no_stack(monkeypatch):
+    """Each step's seeds are those of ``torch.manual_seed``, without its lazy seeding of absent
+    backends, which formats the whole call stack every training step."""
+    import random
+    import traceback
+
+    import numpy as np
+
+    from vitdepth.data.sampling import _mix, reseed_for_step
+
+    def no_stack(*args, **kwargs):
+        raise AssertionError("reseed_for_step formatted the call stack")
+
+    monkeypatch.setattr(traceback, "format_stack", no_stack)
+    reseed_for_step(3, 17, 1)
+    drawn = torch.rand(4), np.random.rand(), random.random()
+    seed = _mix(3, 17, 1, 1)
+    torch.default_generator.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    assert torch.equal(drawn[0], torch.rand(4)) and drawn[1:] == (np.random.rand(), random.random())

@@ -48,12 +48,17 @@ def fit_args(root, *extra, wandb="disabled"):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run every interrupted one must end equal to."""
+def reference_run(tmp_path_factory):
+    """The uninterrupted run every interrupted one must end equal to: its directory."""
     root = tmp_path_factory.mktemp("reference")
     args = fit_args(root)
     assert main(args) == 0
-    return final_val(resolve_run(args).dir)
+    return resolve_run(args).dir
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return final_val(reference_run)
 
 
 def vitdepth(*args, env=None, **kwargs):
@@ -92,6 +97,27 @@ def test_five_kill_points_then_the_rerun_ends_equal_to_an_uninterrupted_run(tmp_
     assert_ends_like(run, reference)
     layer_epochs = {int(r["epoch"]) for r in csv.DictReader(open(run / "layers.csv"))}
     assert layer_epochs == {-1, 0, 1, 2}
+
+
+@pytest.mark.parametrize("probe", [2, 4], ids=["then-trained-on", "at-the-end"])
+def test_a_kill_before_a_probes_metrics_finish_loses_no_rows(tmp_path, reference_run, rerun,
+                                                             probe):
+    """The metrics of the probe after epoch 0 (2) or 2 (4, the last) never finish: training goes on
+    past the checkpoint of the probe's step and dies when it first waits for them (the next probe,
+    the end of the fit). The rerun resumes from that checkpoint and redoes the probe on its
+    weights: layers.csv ends equal to the uninterrupted run's, each probe's rows once and whole."""
+    args = fit_args(tmp_path)
+    run = resolve_run(args).dir
+    killed_at("metrics", probe, args)
+    steps = {int(r["step"]) for r in csv.DictReader(open(run / "layers.csv"))}
+    assert 22 * (probe - 1) not in steps  # that probe's rows were never written
+    code, err = rerun(args)
+    assert code == 0 and "resuming" in err, err[-2000:]
+    assert read_status(run)["status"] == "finished"
+    assert (run / "layers.csv").read_text() == (reference_run / "layers.csv").read_text()
+    rows = list(csv.DictReader(open(run / "layers.csv")))
+    assert [(r["epoch"], r["layer"]) for r in rows] == [(str(e), str(layer)) for e in (-1, 0, 1, 2)
+                                                       for layer in range(3)]
 
 
 def test_a_torn_last_checkpoint_is_never_loaded(tmp_path, reference, rerun):

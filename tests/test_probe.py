@@ -1,14 +1,23 @@
 """The probe sees every layer, reproduces explicit attention with fused SDPA on, and measures collapse."""
 
 import copy
+import csv
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import vitdepth.callbacks.rank_collapse as rank_collapse
+from vitdepth.callbacks import RankCollapseCallback
 from vitdepth.collapse.measure import ModelShape, fit_contraction, load_inputs, measure_collapse
+from vitdepth.lit.csv_table import CsvTable
 from vitdepth.metrics import attention_similarity
 from vitdepth.models import build_vit
-from vitdepth.probe import probe, probe_metrics
+from vitdepth.probe import ieee_float32, measure_layers, probe, probe_layers, probe_metrics
+from vitdepth.rundir import LAYERS_COLUMNS
 
 SMALL = dict(embed_dim=32, num_heads=2, patch_size=4, img_size=16, in_chans=3, num_classes=5)
 
@@ -109,15 +118,21 @@ def test_the_probe_runs_in_float32_with_autocast_off_inside_a_bf16_autocast_regi
 
 def test_the_probe_forward_runs_without_tf32_and_puts_the_users_settings_back(tf32_allowed):
     """On GPUs cuDNN convolutions default to TF32 and Lightning advises TF32 matmuls: a probe
-    under them would report other numbers than on a CPU (tests/test_gpu.py measures that)."""
+    under them would report other numbers than on a CPU (tests/test_gpu.py measures that). The
+    settings are process-wide, so a CPU probe leaves cuDNN's alone (the callback's probe runs in a
+    background thread beside training)."""
     model, images = digits_model("pure", depth=2)
     seen = []
     model.patch_embed.register_forward_hook(lambda *_: seen.append(
         (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)))
     probe_metrics(model, images)
     after = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    assert seen == [("highest", False)]
+    assert seen == [("highest", True)]
     assert after == ("high", True)
+    with ieee_float32("cuda"):
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert not torch.backends.cudnn.allow_tf32
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == after
 
 
 def test_a_bf16_true_model_is_probed_in_float32_on_a_copy_and_left_as_it_was():
@@ -175,3 +190,129 @@ def test_reattention_and_full_no_longer_give_the_same_collapse_curve_at_init():
               for v in ("reattention", "full")}
     gap = ((curves["reattention"] - curves["full"]).abs() / curves["full"])[1:]
     assert gap.min() > 1e-3  # identical to 5 digits while the probe used running statistics (0, 1)
+
+
+# the callback's probe: what stops training, and its metrics in a background worker ----------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_stored_layers_measured_in_another_thread_equal_the_streamed_probe(dtype):
+    """The callback's path (``probe_layers`` now, ``measure_layers`` in its worker) gives every
+    value of ``probe_metrics`` bit for bit."""
+    model, images = digits_model("full", depth=4)
+    expected = probe_metrics(model, images, dtype)
+    layers = probe_layers(model, images, dtype)
+    assert all(t.device.type == "cpu" for t in layers.tokens)
+    with ThreadPoolExecutor(1) as worker:
+        got = worker.submit(measure_layers, layers, model.num_prefix_tokens).result()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+
+
+class Recorder:
+    """A logger that records what it was given and on which thread."""
+
+    def __init__(self):
+        self.calls = []
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((step, dict(metrics), threading.current_thread()))
+
+
+def probing(tmp_path, model, images):
+    callback = RankCollapseCallback()
+    callback.images = images
+    callback.table = CsvTable(tmp_path / "layers.csv", LAYERS_COLUMNS)
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[Recorder()])
+    return callback, trainer, SimpleNamespace(model=model, device=images.device)
+
+
+@pytest.fixture(params=["forward-in-the-worker", "forward-on-the-training-thread"])
+def forward_path(request):
+    """The callback's two paths: on the CPU its worker runs the forward pass on a copy of the
+    weights, unless float32 matmuls may round below IEEE (as the "high" precision says)."""
+    if request.param == "forward-in-the-worker":
+        yield request.param
+        return
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    yield request.param
+    torch.set_float32_matmul_precision(saved)
+
+
+def test_the_callback_logs_the_probe_metrics_means_on_the_training_thread(tmp_path, forward_path):
+    model, images = digits_model("full", depth=3)
+    callback, trainer, module = probing(tmp_path, model, images)
+    callback.probe(trainer, module, epoch=-1)
+    callback.flush()
+    means = {k: v.nanmean(dim=1).tolist() for k, v in probe_metrics(model, images).items()}
+    rows = list(csv.DictReader(open(tmp_path / "layers.csv")))
+    assert [int(r["layer"]) for r in rows] == [0, 1, 2, 3]
+    assert [float(r["rel_residual"]) for r in rows] == [float(f"{v:.7g}")
+                                                        for v in means["rel_residual"]]
+    (step, scalars, thread), = trainer.loggers[0].calls
+    assert step == 0 and thread is threading.main_thread()
+    assert scalars["rank/rel_residual/L02"] == means["rel_residual"][2]  # exact: no rounding
+    assert callback.last_residual == means["rel_residual"][-1]
+    (timing,) = callback.timings
+    assert timing.blocking_s > 0 and timing.metrics_s > 0 and timing.write_s > 0
+    assert (timing.forward_s > 0) == (forward_path == "forward-in-the-worker")
+
+
+def test_a_probe_waits_for_the_metrics_of_the_one_before(tmp_path, monkeypatch, forward_path):
+    """Slow metrics: the second probe's forward pass starts only once the first's metrics are
+    written, so two probes never overlap (nor hold two sets of layers)."""
+    events = []
+    forward, measure = rank_collapse.probe_layers, rank_collapse.measure_layers
+
+    def slow_measure(*args):
+        events.append("metrics start")
+        time.sleep(0.3)
+        try:
+            return measure(*args)
+        finally:
+            events.append("metrics end")
+
+    def recorded_forward(*args):
+        events.append("forward")
+        return forward(*args)
+
+    monkeypatch.setattr(rank_collapse, "measure_layers", slow_measure)
+    monkeypatch.setattr(rank_collapse, "probe_layers", recorded_forward)
+    model, images = digits_model("full", depth=2)
+    callback, trainer, module = probing(tmp_path, model, images)
+    callback.probe(trainer, module, epoch=-1)
+    assert callback.timings[0].blocking_s < 0.3  # training went on while the metrics ran
+    trainer.global_step = 5
+    callback.probe(trainer, module, epoch=0)
+    callback.flush()
+    assert events == ["forward", "metrics start", "metrics end"] * 2
+    first, second = callback.timings
+    assert first.waited_s > 0.1 and first.metrics_s > 0.3  # the second probe waited for them
+    rows = list(csv.DictReader(open(tmp_path / "layers.csv")))
+    assert [(r["epoch"], r["step"]) for r in rows] == [("-1", "0")] * 3 + [("0", "5")] * 3
+    assert [c[0] for c in trainer.loggers[0].calls] == [0, 5]
+
+
+def test_the_worker_probes_the_weights_of_the_probes_step_not_later_ones(tmp_path, monkeypatch):
+    """On the CPU the worker's forward pass runs on a copy of the weights: an optimizer step
+    taken before it runs changes nothing in that probe; the next probe sees it (the copy is
+    refreshed)."""
+    forward = rank_collapse._forward
+    def late_forward(*args):
+        time.sleep(0.3)
+        return forward(*args)
+
+    monkeypatch.setattr(rank_collapse, "_forward", late_forward)
+    model, images = digits_model("full", depth=2)
+    callback, trainer, module = probing(tmp_path, model, images)
+    before = probe_metrics(model, images)["rel_residual"].nanmean(dim=1).tolist()
+    callback.probe(trainer, module, epoch=-1)
+    with torch.no_grad():  # a training step, while the worker waits to run the forward pass
+        for p in model.parameters():
+            p.mul_(1.5).add_(0.01)
+    after = probe_metrics(model, images)["rel_residual"].nanmean(dim=1).tolist()
+    trainer.global_step = 1
+    callback.probe(trainer, module, epoch=0)
+    callback.flush()
+    first, second = (scalars for _, scalars, _ in trainer.loggers[0].calls)
+    assert [first[f"rank/rel_residual/L{layer:02d}"] for layer in range(3)] == before
+    assert [second[f"rank/rel_residual/L{layer:02d}"] for layer in range(3)] == after != before

@@ -87,22 +87,31 @@ def batch_statistics(model: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def ieee_float32() -> Iterator[None]:
+def ieee_float32(device_type: str = "cuda") -> Iterator[None]:
     """float32 convolutions and matmuls in full float32 on GPUs with TF32 units, then as before.
 
     PyTorch runs cuDNN convolutions (the patch embedding) in TF32 by default
     (``torch.backends.cudnn.allow_tf32`` is True) and matmuls too once a user follows Lightning's
     advice to call ``torch.set_float32_matmul_precision("high")``. TF32 keeps 10 mantissa bits, so
     a GPU probe would report other numbers than a CPU probe of the same weights.
+
+    Both settings are process-wide, so only what differs is changed: on the CPU (no cuDNN) with
+    the matmul precision at "highest", nothing, and a probe in a background thread then changes
+    nothing under the training thread.
     """
     matmul, conv = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cudnn.allow_tf32 = False
+    conv_changes = conv and device_type == "cuda"
+    if matmul != "highest":
+        torch.set_float32_matmul_precision("highest")
+    if conv_changes:
+        torch.backends.cudnn.allow_tf32 = False
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(matmul)
-        torch.backends.cudnn.allow_tf32 = conv
+        if matmul != "highest":
+            torch.set_float32_matmul_precision(matmul)
+        if conv_changes:
+            torch.backends.cudnn.allow_tf32 = conv
 
 
 @torch.no_grad()
@@ -126,7 +135,8 @@ def run_probe(model: nn.Module, images: Tensor, visit: LayerVisitor) -> Tensor:
     was_training = model.training
     model.eval()
     try:
-        with (torch.autocast(images.device.type, enabled=False), ieee_float32(),
+        device = images.device.type
+        with (torch.autocast(device, enabled=False), ieee_float32(device),
               batch_statistics(model)):
             return model(images)
     finally:
@@ -142,16 +152,21 @@ class ProbeResult:
     logits: Tensor
 
 
-def probe(model: nn.Module, images: Tensor) -> ProbeResult:
-    """Tokens of every layer and every block's attention map, kept in memory (small models only)."""
+def probe(model: nn.Module, images: Tensor,
+          keep_on: torch.device | str | None = None) -> ProbeResult:
+    """Tokens of every layer and every block's attention map, kept in memory (small models only):
+    on ``keep_on``, or where they were computed."""
     tokens, maps = [], []
 
-    def keep(layer: int, x: Tensor, attn: Tensor | None) -> None:
-        tokens.append(x)
-        maps.append(attn)
+    def keep(t: Tensor) -> Tensor:
+        return t if keep_on is None else t.to(keep_on)
 
-    logits = run_probe(model, images, keep)
-    return ProbeResult(tokens, maps, logits)
+    def visit(layer: int, x: Tensor, attn: Tensor | None) -> None:
+        tokens.append(keep(x))
+        maps.append(None if attn is None else keep(attn))
+
+    logits = run_probe(model, images, visit)
+    return ProbeResult(tokens, maps, keep(logits))
 
 
 CHUNK_IMAGES = 32  # 32 x 65 x 192 float64 tokens: 3.2 MB, about a core's L2 cache
@@ -227,6 +242,26 @@ def probe_metrics(model: nn.Module, images: Tensor, dtype: torch.dtype = torch.f
     return meter.result()
 
 
+def probe_layers(model: nn.Module, images: Tensor,
+                 dtype: torch.dtype = torch.float32) -> ProbeResult:
+    """The forward pass of ``probe_metrics``, its layers kept on the host, so that
+    ``measure_layers`` gives the same values later, in another thread, while the model trains on.
+
+    At 256 images of depth 12, width 192 (3 heads, 65 tokens) that is 0.32 GB of float32.
+    """
+    return probe(in_dtype(model, dtype), images, keep_on="cpu")
+
+
+def measure_layers(result: ProbeResult, num_prefix_tokens: int,
+                   meter_type: type[LayerMeter] = LayerMeter) -> dict[str, Tensor]:
+    """Every metric of stored layers, exactly as ``probe_metrics`` computes them while the probe
+    streams them (or, with another ``LayerMeter``, what that one measures)."""
+    meter = meter_type(num_prefix_tokens)
+    for layer, (tokens, attn) in enumerate(zip(result.tokens, result.attn, strict=True)):
+        meter(layer, tokens, attn)
+    return meter.result()
+
+
 def probe_gradients(model: nn.Module, images: Tensor, labels: Tensor,
                     label_smoothing: float = 0.0) -> dict[str, list[float]]:
     """Per-layer gradient norms of the training loss on the probe batch, for the gradient exponent
@@ -250,7 +285,8 @@ def probe_gradients(model: nn.Module, images: Tensor, labels: Tensor,
     groups = [embedding, *([*block.parameters()] for block in model.blocks)]
     images = images.float()
     try:
-        with (torch.autocast(images.device.type, enabled=False), ieee_float32(),
+        device = images.device.type
+        with (torch.autocast(device, enabled=False), ieee_float32(device),
               batch_statistics(model)):
             logits = model(images)
             loss = nn.functional.cross_entropy(logits, labels, label_smoothing=label_smoothing)

@@ -1,83 +1,134 @@
-"""b. What the rank-collapse callback costs: its probes, timed as a's Lightning fits run them,
-against a CIFAR-10 epoch of a's Lightning steps."""
+"""b. What the rank-collapse probe costs training: the wall time the training loop is stopped per
+probe (``probe_blocking_s``: each ``probe`` call, which waits for the previous probe's metrics if
+they are still running) against the probe's metric time, at c's shape; and that blocking over a
+CIFAR-10 epoch of a's steps (``callback_overhead``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
+from pathlib import Path
 
-import numpy as np
 import torch
+from pytorch_lightning import Callback
 
-from vitdepth.bench import profiling
-from vitdepth.bench.figure import Bench, Figure, Section
+from vitdepth.bench import loaders, loops
+from vitdepth.bench.figure import Bench, Figure, Section, log
 from vitdepth.bench.metric_cost import probe_inputs
-from vitdepth.bench.plan import Plan
-from vitdepth.bench.timing import synchronizer
+from vitdepth.bench.plan import Plan, StepShape
+from vitdepth.bench.timing import synchronizer, top_ops
 from vitdepth.callbacks import RankCollapseCallback
 from vitdepth.probe import probe_metrics
 
 
-class TimedRankCollapse(RankCollapseCallback):
-    """``RankCollapseCallback`` at its default cadence, timing each whole probe (forward, metrics,
-    layers.csv and logging) as training runs it: before the first step and after the last."""
+class ProbeClock(Callback):
+    """Times each ``probe`` call of a ``RankCollapseCallback`` as training makes it, and stops a
+    fit once the probes' metrics are done, as the epoch between two probes would let them be."""
 
-    def __init__(self, probe_size: int, device: torch.device) -> None:
-        super().__init__(every_n_epochs=1, probe_size=probe_size)
-        self.sync = synchronizer(device)
-        self.seconds: list[float] = []
+    def __init__(self, callback: RankCollapseCallback, device: str) -> None:
+        self.callback, self.seconds, sync = callback, [], synchronizer(device)
+        probe = callback.probe
 
-    def probe(self, trainer, pl_module, epoch: int) -> None:
-        self.sync()
-        start = time.perf_counter()
-        super().probe(trainer, pl_module, epoch)
-        self.sync()
-        self.seconds.append(time.perf_counter() - start)
+        def timed(*args, **kwargs):
+            sync()
+            start = time.perf_counter()
+            try:
+                return probe(*args, **kwargs)
+            finally:
+                sync()
+                self.seconds.append(time.perf_counter() - start)
+
+        callback.probe = timed
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        timings = getattr(self.callback, "timings", [])
+        trainer.should_stop = all(t.metrics_s is not None for t in timings)
+
+    def results(self) -> dict[str, list[float]]:
+        """Per probe: seconds training was stopped, and seconds of its metrics (a synchronous
+        callback, without per-probe ``timings``, holds training for the whole call)."""
+        if not hasattr(self.callback, "timings"):
+            return {"blocking_s": list(self.seconds), "metrics_s": list(self.seconds)}
+        self.callback.flush()
+        return {"blocking_s": list(self.seconds),
+                "metrics_s": [t.metrics_s for t in self.callback.timings]}
+
+
+def probe_fit(plan: Plan, root: Path) -> dict[str, list[float]]:
+    """The probes of a fit at ``plan.metrics`` (at init, and at the end once the first probe's
+    metrics are done), on a probe batch of ``plan.metrics.batch_size`` images; trained at a
+    batch of at most 32."""
+    shape = plan.metrics
+    train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
+    data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
+                               num_samples=5 * shape.batch_size + 50, probe_size=shape.batch_size)
+    probe = RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size)
+    clock = ProbeClock(probe, plan.device)
+    trainer = loops.lightning_trainer(plan, 1000, [probe, clock], str(root))
+    trainer.fit(loops.classifier(train), datamodule=data)
+    return clock.results()
 
 
 def measure(bench: Bench) -> dict:
-    """One probe per epoch (``every_n_epochs=1``) over a 50,000-image epoch of timed steps.
-
-    The epoch is not run: it is ``50,000 // batch`` steps at the measured Lightning step time,
-    a scale-up that leaves out validation (so the share is, if anything, overstated).
-    """
     plan, step = bench.plan, bench.loops["lightning"]
+    log(f"b: probes at {plan.metrics.label()}")
+    at_c = probe_fit(plan, bench.root / "probe")
     steps = plan.epoch_images // plan.train.batch_size
-    probe_s = float(np.median(bench.probe_seconds))
-    epoch_s = steps * step.median
-    return {"probe_s": probe_s, "probe_seconds": bench.probe_seconds,
-            "probe_images": plan.probe_size, "step_s": step.median, "steps_per_epoch": steps,
-            "epoch_images": plan.epoch_images, "epoch_s_scaled": epoch_s,
-            "callback_overhead": probe_s / epoch_s}
+    blocking = statistics.median(bench.probes["blocking_s"])
+    return {"probe_images": plan.probe_size, "probe_seconds": bench.probes["blocking_s"],
+            "probe_metrics_seconds": bench.probes["metrics_s"], "step_s": step.median,
+            "steps_per_epoch": steps, "epoch_images": plan.epoch_images,
+            "epoch_s_scaled": steps * step.median,
+            "callback_overhead": blocking / (steps * step.median),
+            "probe_shape": plan.metrics.label(), "probes_at_c": at_c,
+            "probe_blocking_s": statistics.median(at_c["blocking_s"]),
+            "probe_metrics_s": statistics.median(at_c["metrics_s"]),
+            "probe_blocking_over_metrics": statistics.median(
+                b / m for b, m in zip(at_c["blocking_s"], at_c["metrics_s"], strict=True))}
 
 
 def render(b: dict, plan: Plan) -> list[str]:
-    return [f"RankCollapseCallback(every_n_epochs=1, probe_size={b['probe_images']}) timed around "
-            "each whole probe (forward, metrics, layers.csv, logging) during the training runs of "
-            f"a: median of {len(b['probe_seconds'])} probes = {b['probe_s']:.3g} s.",
-            f"**Scaled, not run:** a {b['epoch_images']:,}-image epoch = {b['steps_per_epoch']} "
-            f"steps x {b['step_s'] * 1e3:.1f} ms (the Lightning step of a) = "
-            f"{b['epoch_s_scaled']:.1f} s, without validation. Overhead = probe / epoch = "
-            f"{b['callback_overhead']:.4f}.", ""]
+    return [f"RankCollapseCallback(every_n_epochs=1) in a one-step fit at {b['probe_shape']} "
+            f"(probe images = batch): {len(b['probes_at_c']['blocking_s'])} probes, training "
+            f"stopped a median {b['probe_blocking_s']:.3g} s per probe; the probe's metrics took "
+            f"{b['probe_metrics_s']:.3g} s (blocking / metrics, median over probes = "
+            f"{b['probe_blocking_over_metrics']:.3g}). " + _source(b),
+            f"During a's fit ({b['probe_images']} probe images): {b['probe_seconds'][0]:.3g} s "
+            f"blocking at init. **Scaled, not run:** a {b['epoch_images']:,}-image epoch = "
+            f"{b['steps_per_epoch']} steps x {b['step_s'] * 1e3:.1f} ms (a's Lightning step) = "
+            f"{b['epoch_s_scaled']:.1f} s, without validation; overhead = median blocking / "
+            f"epoch = {b['callback_overhead']:.4f}.", ""]
 
 
-def probe_profile(bench: Bench) -> list[dict]:
-    """The operators of one probe (forward and metrics) at a's model and the probe's size."""
-    plan = bench.plan
-    shape = dataclasses.replace(plan.train, batch_size=plan.probe_size)
-    model, images = probe_inputs(shape, torch.device(plan.device))
-    title = f"one probe_metrics call ({plan.probe_size} images, {plan.train.label()})"
-    return [{"title": title,
-             **profiling.top_ops(lambda: probe_metrics(model, images), plan.device)}]
+def _source(b: dict) -> str:
+    if b["probes_at_c"]["blocking_s"] == b["probes_at_c"]["metrics_s"]:
+        return "The callback probes synchronously: the whole probe call is timed as both."
+    return "Metric seconds from the callback's own per-probe `timings`."
+
+
+def probe_profile(bench: Bench, shape: StepShape) -> list[dict]:
+    """The operators of one ``probe_metrics`` call (forward and metrics) at ``shape``."""
+    model, images = probe_inputs(shape, torch.device(bench.plan.device))
+    title = f"one probe_metrics call ({shape.label()})"
+    return [{"title": title, **top_ops(lambda: probe_metrics(model, images), bench.plan.device)}]
 
 
 SECTION = Section(
-    "b", "Rank-collapse callback overhead", measure=measure, render=render, needs=("a",),
+    "b", "Rank-collapse probe: blocking and overhead", measure=measure, render=render,
+    needs=("a",),
     figures=(
-        Figure("callback_overhead",
-               what="one rank-collapse probe (default: every epoch, 256 images) / a 50,000-image "
-               "epoch",
-               op="<=", target=0.02, profile=probe_profile,
-               cause="The probe's cost is one eager forward of the probe batch plus float64 "
-               "metrics; see the profile."),
+        Figure("callback_overhead", what="training stopped by one probe (a's model, 256 images) "
+               "/ a 50,000-image epoch", op="<=", target=0.02,
+               profile=lambda bench: probe_profile(bench, dataclasses.replace(
+                   bench.plan.train, batch_size=bench.plan.probe_size)),
+               cause="A probe is one eager forward of the probe batch plus float64 metrics."),
+        Figure("probe_blocking_s", what="seconds training is stopped per probe (depth 12, "
+               "width 192, 256 images)"),
+        Figure("probe_metrics_s", what="seconds of that probe's metrics"),
+        Figure("probe_blocking_over_metrics", what="`probe_blocking_s` / `probe_metrics_s`, "
+               "median over probes", op="<=", target=0.2,
+               profile=lambda bench: probe_profile(bench, bench.plan.metrics),
+               cause="Training waits while the probe computes its metrics on the host; only the "
+               "forward pass needs the model."),
     ))

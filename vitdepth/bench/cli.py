@@ -40,6 +40,24 @@ def command_line(args: argparse.Namespace, threads: int) -> str:
                      f"--threads {threads}"])
 
 
+def busy_cores(seconds: float = 0.5) -> float:
+    """Cores kept busy by other processes while this one sleeps ``seconds``, from /proc/stat:
+    the load average at the end would count the benchmark's own threads. Elsewhere: the 1-minute
+    load average."""
+    def ticks() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return sum(fields) - fields[3] - fields[4], sum(fields)  # busy (all but idle, iowait)
+
+    try:
+        busy, total = ticks()
+        time.sleep(seconds)
+        busy_end, total_end = ticks()
+    except OSError:
+        return os.getloadavg()[0]
+    return (os.cpu_count() or 1) * (busy_end - busy) / max(total_end - total, 1)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -61,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from vitdepth.provenance import git_state, hardware, library_versions
 
     plan = make_plan(args.device, args.quick)
-    started, load_start = time.monotonic(), os.getloadavg()[0]
+    load_start, busy_start = os.getloadavg()[0], busy_cores()
+    started = time.monotonic()
     when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(prefix="vitdepth-bench-") as tmp, quiet_lightning():
         results = measure(plan, Path(tmp))
@@ -77,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2),
+        "busy_cores_start": round(busy_start, 2), "busy_cores_end": round(busy_cores(), 2),
         "hardware": hw, "versions": library_versions(), "git": git_state(),
     }
     paths = write_report(args.out, results, plan, meta)

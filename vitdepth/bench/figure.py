@@ -1,7 +1,7 @@
 """Figures, the sections that measure them, and what a run's sections share.
 
-A section module (``training`` a, ``callback`` b, ``metric_cost`` c, ``loaders`` d, ``flops`` e,
-``gpu`` f) holds one ``Section``: its figures with their targets and known causes, the code that
+A section module (``training`` a, ``callback`` b, ``metric_cost`` c, ``loaders`` d, ``flops`` e
+and f) holds its ``Section``: figures with their targets and known causes beside the code that
 measures them, the profile to run when one misses, and its part of bench.md. ``suite`` runs the
 sections and ``report`` formats them, so adding a figure touches one module.
 """
@@ -17,20 +17,22 @@ from pathlib import Path
 from vitdepth.bench.plan import Plan
 from vitdepth.bench.timing import Timing
 
+PEAK_ERROR = ("above 1: faster than the peak measured beside it, so the measurement is wrong "
+              "(a reference that ran under load, or FLOPs counted twice), not a result")
+
 
 @dataclass
 class Bench:
-    """One run: the plan, a scratch folder, the results so far, and the training runs of a that
-    b, e and f reuse (measured once, so every figure of the step comes from the same windows)."""
+    """One run: the plan, a scratch folder, the results so far, and what later sections reuse of
+    a's fit (its windows, its probes) and e's FLOP count."""
 
     plan: Plan
     root: Path
     results: dict = field(default_factory=lambda: {"errors": {}})
     data: object = None  # the data module a trains from
-    loops: dict[str, Timing] | None = None  # a's windows: lightning, bare, timm
-    probe_seconds: list[float] | None = None  # b: the callback's probes during a's fits
+    loops: dict[str, Timing] | None = None  # a's rounds: lightning, bare, timm, matmul
+    probes: dict | None = None  # b: blocking and metric seconds of the probes during a's fit
     flops: int | None = None  # e: FLOPs of one training step
-    peak: dict | None = None  # e: the matmul reference
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Figure:
     target: float | None = None
     cause: str = ""  # the known cause, shown beside the profile when the figure misses
     profile: Callable[[Bench], list[dict]] | None = None  # run when the figure misses
+    peak_fraction: bool = False  # a fraction of a measured peak: above 1 it is an error
 
     def value(self, section: dict | None) -> float | None:
         """The figure's value, or None where its section failed."""
@@ -50,12 +53,25 @@ class Figure:
             if not isinstance(value, dict) or key not in value:
                 return None
             value = value[key]
-        return float(value)
+        return None if value is None else float(value)
 
-    def passed(self, value: float | None) -> bool | None:
+    def met(self, value: float | None) -> bool | None:
         if self.op is None or value is None:
             return None
         return bool(value >= self.target) if self.op == ">=" else bool(value <= self.target)
+
+    def judge(self, value: float | None, busy: bool) -> dict:
+        """bench.json's entry. The verdict is PASS or MISS only for a plausible value measured
+        on an idle machine: ERROR where it was not measured or is a fraction of a peak above 1,
+        NOT JUDGED where other load may have moved either side of a comparison."""
+        error = ("not measured: its section failed" if value is None else
+                 PEAK_ERROR if self.peak_fraction and value > 1 else None)
+        met = self.met(value)
+        verdict = ("ERROR" if error else "—" if met is None else "NOT JUDGED" if busy else
+                   "PASS" if met else "MISS")
+        return {"value": value, "op": self.op, "target": self.target, "met": met,
+                "pass": {"PASS": True, "MISS": False}.get(verdict), "verdict": verdict,
+                "error": error, "what": self.what}
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,13 @@ def fmt(value) -> str:
             return str(value)
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
+
+
+def table(columns: list[str], rows: list[list]) -> list[str]:
+    """A markdown table; floats through ``fmt``."""
+    cells = [[fmt(v) if isinstance(v, float) else str(v) for v in row] for row in rows]
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(row) + " |" for row in cells)]
 
 
 def log(message: str) -> None:

@@ -1,10 +1,10 @@
-"""The training loops the sections time: ``ViTClassifier`` under a real Lightning ``Trainer``, and
-a bare PyTorch loop with the same model, data, optimizer and precision.
+"""The training loops the sections time, and the references timed beside them.
 
-Every timed window starts at the end of one step and ends at the end of a later one, so it holds
-the same work on both sides: fetching the batch, the step, and whatever the loop does between
-steps (Lightning's hooks and logging; nothing in the bare loop). Dataloader creation, warm-up
-steps and validation (off: ``limit_val_batches=0``) stay outside every window.
+``Interleave`` runs inside a ``Trainer.fit``: at the end of every window of Lightning steps it
+pauses the fit and times one window of each reference (the bare loop with the same model, data,
+optimizer and precision; timm's stock ViT; the matmul peak), so every pair is A B A B in one fit.
+Every window starts at the end of one step and ends at the end of a later one, so it holds the
+same work on both sides: fetching the batch, the step, and whatever the loop does between steps.
 """
 
 from __future__ import annotations
@@ -12,19 +12,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
-from pytorch_lightning import Callback, Trainer
+from pytorch_lightning import Callback, LightningModule, Trainer
 from timm.models.vision_transformer import VisionTransformer
 from timm.optim import create_optimizer_v2
 
-from vitdepth.bench import profiling
-from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Timing, synchronizer, time_calls
+from vitdepth.bench.plan import Plan, StepShape, Windows
+from vitdepth.bench.timing import Timing, synchronizer, time_calls, top_ops, window
 from vitdepth.lit.classifier import ViTClassifier
 from vitdepth.models import build_vit
 
@@ -42,8 +43,8 @@ def quiet_lightning() -> Iterator[None]:
         logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", module="pytorch_lightning")
-            warnings.filterwarnings("ignore", module="lightning_fabric")
+            for module in ("pytorch_lightning", "lightning_fabric"):
+                warnings.filterwarnings("ignore", module=module)
             warnings.filterwarnings("ignore", message=".*does not have many workers.*")
             yield
     finally:
@@ -68,22 +69,17 @@ def classifier(shape: StepShape, compile: bool = False, seed: int = 0) -> ViTCla
 
 
 def stock_timm(model: torch.nn.Module, shape: StepShape) -> VisionTransformer:
-    """timm's stock ``VisionTransformer`` (stock ``Block``) holding the same weights as ``model``.
-
-    ``load_state_dict`` is strict, so it also checks that our ``full`` ViT has exactly timm's
-    parameters and names.
-    """
+    """timm's stock ``VisionTransformer`` holding the same weights as ``model`` (a strict load:
+    our ``full`` ViT has exactly timm's parameters and names)."""
     stock = VisionTransformer(**shape.model_kwargs())
     stock.load_state_dict(model.state_dict())
     return stock
 
 
 def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images and labels of ``shape``: a step on them costs what a step on real data costs."""
     images = torch.randn(shape.batch_size, shape.in_chans, shape.img_size, shape.img_size,
                          device=device)
-    labels = torch.randint(0, shape.num_classes, (shape.batch_size,), device=device)
-    return images, labels
+    return images, torch.randint(0, shape.num_classes, (shape.batch_size,), device=device)
 
 
 class BareLoop:
@@ -100,61 +96,74 @@ class BareLoop:
         self.autocast = autocast_for(precision, device)
         self.device = device
 
-    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             loss = F.cross_entropy(self.forward(images), labels, label_smoothing=LABEL_SMOOTHING)
         loss.backward()
         self.optimizer.step()
-        return loss
 
-    def windows(self, batches: Iterator, plan: Plan) -> Timing:
-        """``plan.warmup`` untimed steps, then one window of ``plan.calls`` steps (fetch
-        included)."""
-        sync = synchronizer(self.device)
-        for _ in range(plan.warmup):
-            self.step(*_on(next(batches), self.device))
-        sync()
-        start = time.perf_counter()
-        for _ in range(plan.calls):
-            self.step(*_on(next(batches), self.device))
-        sync()
-        return Timing([(time.perf_counter() - start) / plan.calls], plan.calls)
+    def side(self, loader: Iterable, windows: Windows) -> Callable[[], float]:
+        """One window of steps on ``loader``'s batches (fetch included) per call."""
+        batches, device = endless(loader), self.device
 
+        def fetch_and_step() -> None:
+            images, labels = next(batches)
+            self.step(images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
 
-def _on(batch, device: torch.device):
-    images, labels = batch
-    return images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        return lambda: window(fetch_and_step, windows.calls, windows.warmup,
+                              synchronizer(device))
 
 
 def endless(loader: Iterable) -> Iterator:
-    """Batches of ``loader`` epoch after epoch."""
     while True:
         yield from loader
 
 
-class StepClock(Callback):
-    """Timestamps the end of training batches ``warmup``, ``warmup + calls``, ... (synchronising
-    the device there only), so windows match the bare loop's."""
+def matmul_side(plan: Plan) -> Callable[[], float]:
+    """One window of a large square matmul in ``plan.matmul_dtype``: the practical peak. The
+    window's seconds are per matmul of ``2 n^3`` FLOPs."""
+    device = torch.device(plan.device)
+    a, b = (torch.randn(plan.matmul_n, plan.matmul_n, device=device,
+                        dtype=getattr(torch, plan.matmul_dtype)) for _ in range(2))
+    calls = 20 if device.type == "cuda" else 1
+    return lambda: window(lambda: a @ b, calls, 2, synchronizer(device))
 
-    def __init__(self, warmup: int, calls: int, device: torch.device) -> None:
-        self.warmup, self.calls = warmup, calls
-        self.sync = synchronizer(device)
-        self.done = 0
-        self.stamps: list[float] = []
+
+class Interleave(Callback):
+    """Rounds of (each reference's window, ``warmup`` untimed Lightning steps, a window of
+    ``calls`` Lightning steps) in one fit; the references run with the fit paused at a step's
+    end, outside every Lightning window."""
+
+    def __init__(self, references: dict[str, Callable[[], float]], windows: Windows,
+                 device: torch.device | str) -> None:
+        self.references, self.windows, self.sync = references, windows, synchronizer(device)
+        self.timings = {name: Timing(calls=windows.calls) for name in ["lightning", *references]}
+        self.done, self.start = 0, 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._references()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self.done += 1
-        if self.done >= self.warmup and (self.done - self.warmup) % self.calls == 0:
+        offset = self.done % (self.windows.warmup + self.windows.calls)
+        if offset == self.windows.warmup:
             self.sync()
-            self.stamps.append(time.perf_counter())
+            self.start = time.perf_counter()
+        elif offset == 0:
+            self.sync()
+            seconds = (time.perf_counter() - self.start) / self.windows.calls
+            self.timings["lightning"].seconds.append(seconds)
+            if self.done < self.windows.steps:
+                self._references()
 
-    def timing(self, calls: int) -> Timing:
-        gaps = [(b - a) / calls for a, b in zip(self.stamps, self.stamps[1:])]
-        return Timing(gaps, calls)
+    def _references(self) -> None:
+        for name, side in self.references.items():
+            self.timings[name].seconds.append(side())
 
 
 def lightning_trainer(plan: Plan, steps: int, callbacks: list, root: str, **overrides) -> Trainer:
+    """A lean Trainer: no validation, logger or checkpoints, progress bar off."""
     options = dict(accelerator="gpu" if plan.device == "cuda" else "cpu", devices=1,
                    precision=plan.precision, max_steps=steps, limit_val_batches=0,
                    num_sanity_val_steps=0, enable_progress_bar=False, logger=False,
@@ -163,43 +172,109 @@ def lightning_trainer(plan: Plan, steps: int, callbacks: list, root: str, **over
     return Trainer(**{**options, **overrides})
 
 
-def lightning_windows(module: ViTClassifier, datamodule, plan: Plan, root: str,
-                      callbacks: list = ()) -> Timing:
-    """One ``Trainer.fit`` of ``plan.warmup + plan.calls`` steps; the window after the warm-up."""
-    clock = StepClock(plan.warmup, plan.calls, torch.device(plan.device))
-    trainer = lightning_trainer(plan, plan.warmup + plan.calls, [clock, *callbacks], root)
-    trainer.fit(module, datamodule=datamodule)
-    return clock.timing(plan.calls)
-
-
 def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (), compile: bool = False,
                   with_timm: bool = True) -> dict[str, Timing]:
-    """Rounds of (bare ours, bare timm, Lightning ours) windows, interleaved so load drift hits all
-    three alike; every side starts from the same weights."""
-    device = torch.device(plan.device)
+    """``ViTClassifier`` under a lean Trainer, with the bare loop of the same weights (and timm's
+    stock ViT) and the matmul peak timed between its windows."""
+    device, windows = torch.device(plan.device), plan.windows
     module = classifier(plan.train, compile=compile)
-    bare = {"bare": BareLoop(copy.deepcopy(module.model), device, plan.precision, compile=compile)}
+    loader = datamodule.train_dataloader()
+    models = {"bare": copy.deepcopy(module.model)}
     if with_timm:
-        stock = stock_timm(module.model, plan.train)
-        bare["timm"] = BareLoop(stock, device, plan.precision, compile=compile)
-    timings = {name: Timing(calls=plan.calls) for name in [*bare, "lightning"]}
-    batches = endless(datamodule.train_dataloader())
-    for _ in range(plan.rounds):
-        for name, loop in bare.items():
-            timings[name].seconds += loop.windows(batches, plan).seconds
-        timings["lightning"].seconds += lightning_windows(module, datamodule, plan, root,
-                                                          callbacks).seconds
-    return timings
+        models["timm"] = stock_timm(module.model, plan.train)
+    references = {name: BareLoop(model, device, plan.precision, compile).side(loader, windows)
+                  for name, model in models.items()}
+    clock = Interleave({**references, "matmul": matmul_side(plan)}, windows, device)
+    trainer = lightning_trainer(plan, windows.steps, [*callbacks, clock], root)
+    trainer.fit(module, datamodule=datamodule)
+    return clock.timings
 
 
-def step_timing(shape: StepShape, plan: Plan) -> Timing:
-    """Seconds per bare training step on fixed random batches of ``shape`` (no loader at all)."""
+class OneLinear(LightningModule):
+    """Lightning's own floor: one Linear layer on the flattened images, nothing logged, the
+    optimizer and loss of ``ViTClassifier``."""
+
+    def __init__(self, shape: StepShape) -> None:
+        super().__init__()
+        pixels = shape.in_chans * shape.img_size ** 2
+        self.model = torch.nn.Sequential(torch.nn.Flatten(),
+                                         torch.nn.Linear(pixels, shape.num_classes))
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        return F.cross_entropy(self.model(images), labels, label_smoothing=LABEL_SMOOTHING)
+
+    def configure_optimizers(self):
+        return create_optimizer_v2(self.model, opt="adamw", lr=LR, weight_decay=WEIGHT_DECAY)
+
+
+@contextlib.contextmanager
+def offline_wandb() -> Iterator[None]:
+    """W&B offline, as a fit on a machine without a key logs; afterwards the W&B run is finished
+    (the next fit in this process would join it) and this process's W&B settings put back."""
+    saved = {key: os.environ.get(key) for key in ("WANDB_MODE", "WANDB_SILENT", "WANDB_SERVICE")}
+    try:
+        yield
+    finally:
+        if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+            sys.modules["wandb"].finish()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def full_stack_argv(plan: Plan, shape: StepShape, steps: int) -> list[str]:
+    """``vitdepth fit`` at ``shape`` on synthetic data whose one epoch holds all ``steps``, so no
+    epoch-end work (validation, probe, checkpoint) falls inside a window; progress bar off."""
+    images = int(shape.batch_size * (steps + 2) / 0.8) + 1
+    options = {"model.embed_dim": shape.embed_dim, "model.depth": shape.depth,
+               "model.num_heads": shape.num_heads, "model.patch_size": shape.patch_size,
+               "data.dataset": "synthetic", "data.img_size": shape.img_size,
+               "data.in_chans": shape.in_chans, "data.num_samples": images,
+               "data.batch_size": shape.batch_size, "data.on_device": "false",
+               "rank_collapse.probe_size": min(plan.probe_size, images // 5),
+               "trainer.max_steps": steps, "trainer.enable_progress_bar": "false",
+               "trainer.accelerator": "gpu" if plan.device == "cuda" else "cpu",
+               "trainer.devices": 1, "trainer.precision": plan.precision,
+               "trainer.enable_model_summary": "false"}
+    return ["fit", *(arg for key, value in options.items() for arg in (f"--{key}", str(value)))]
+
+
+def stack_and_floor(plan: Plan, root: str) -> dict[str, dict[str, Timing]]:
+    """Two fits at ``plan.overhead``, each with its bare loop timed between its windows:
+    ``vitdepth fit``'s full stack (ViTClassifier, RankCollapse, Preemption, the divergence check,
+    the CSV and W&B loggers, checkpointing) and ``OneLinear`` under a lean Trainer."""
+    from vitdepth.lit.cli import build_run
+
+    device, windows = torch.device(plan.device), plan.overhead_windows
+    with offline_wandb():
+        cli = build_run(full_stack_argv(plan, plan.overhead, windows.steps), f"{root}/runs",
+                        wandb_mode="offline")
+        cli.datamodule.setup("fit")
+        loader = cli.datamodule.train_dataloader()
+        stack = Interleave({"bare": BareLoop(copy.deepcopy(cli.model.model), device,
+                                             plan.precision).side(loader, windows)}, windows, device)
+        cli.trainer.callbacks.append(stack)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    floor_module = OneLinear(plan.overhead)
+    bare = BareLoop(copy.deepcopy(floor_module.model), device, plan.precision)
+    floor = Interleave({"bare": bare.side(loader, windows)}, windows, device)
+    lightning_trainer(plan, windows.steps, [floor], root).fit(floor_module,
+                                                               datamodule=cli.datamodule)
+    return {"stack": stack.timings, "floor": floor.timings}
+
+
+def step_side(shape: StepShape, plan: Plan) -> Callable[[], float]:
+    """A window of bare training steps on one fixed random batch of ``shape`` per call."""
     device = torch.device(plan.device)
     torch.manual_seed(0)
     loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision)
     images, labels = random_batch(shape, device)
-    return time_calls(lambda: loop.step(images, labels), warmup=plan.warmup, repeats=plan.rounds,
-                      calls=plan.calls, sync=synchronizer(device))
+    w = plan.windows
+    return lambda: window(lambda: loop.step(images, labels), w.calls, w.warmup,
+                          synchronizer(device))
 
 
 def step_profile(plan: Plan, which: str = "ours", compile: bool = False) -> dict:
@@ -209,8 +284,7 @@ def step_profile(plan: Plan, which: str = "ours", compile: bool = False) -> dict
     model = stock_timm(module.model, plan.train) if which == "timm" else module.model
     loop = BareLoop(model, device, plan.precision, compile=compile)
     images, labels = random_batch(plan.train, device)
-    for _ in range(2):
-        loop.step(images, labels)  # warm-up (and compilation) outside the profile
+    time_calls(lambda: loop.step(images, labels), warmup=2, repeats=1)  # compiles, warms up
     block = "timm stock Block" if which == "timm" else "our full block"
     title = f"one bare training step, {block}" + (" (compiled)" if compile else "")
-    return {"title": title, **profiling.top_ops(lambda: loop.step(images, labels), plan.device)}
+    return {"title": title, **top_ops(lambda: loop.step(images, labels), plan.device)}

@@ -1,22 +1,35 @@
-"""bench.json (everything), bench.md (every figure beside its target with PASS/MISS, the machine,
-each section's part, and a profile for each miss) and scaling.png. The sections say what their
-figures are and how to show them; this module only lays them out."""
+"""The report, a formatter of results: bench.json (everything), bench.md (every figure beside its
+target and verdict, the machine and its load, each section's part, a profile for each miss) and
+scaling.png. The sections say what their figures are; this module only lays them out.
+
+A verdict needs an idle machine: other processes' load moves the two sides of a comparison
+apart, so where more than ``BUSY_PER_CORE`` of each core was busy with other work at the start
+or the end, no figure is marked PASS or MISS.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from vitdepth.bench import scaling
-from vitdepth.bench.figure import Section, fmt
+from vitdepth.bench.figure import Section, fmt, table
 from vitdepth.bench.suite import SECTIONS, evaluate, figures
 from vitdepth.rundir import atomic_write_json, atomic_write_text
 
+BUSY_PER_CORE = 0.5
 GLIBC_ADVICE = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296"
+
+
+def busy(meta: dict) -> bool:
+    """Other processes kept more than ``BUSY_PER_CORE`` of each core busy at start or end."""
+    others = max(meta["busy_cores_start"], meta["busy_cores_end"])
+    return others > BUSY_PER_CORE * meta["hardware"]["cpu_count"]
 
 
 def write_report(out: Path, results: dict, plan, meta: dict) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    figs = evaluate(results, plan)
+    meta = {**meta, "busy": busy(meta)}
+    figs = evaluate(results, plan, meta["busy"])
     document = {**meta, "plan": plan.as_dict(), "figures": figs, "results": results}
     paths = [out / "bench.json", out / "bench.md", out / "scaling.png"]
     atomic_write_json(paths[0], document)
@@ -25,16 +38,9 @@ def write_report(out: Path, results: dict, plan, meta: dict) -> list[Path]:
     return paths
 
 
-def _git(state: dict | None) -> str:
-    if not state:
-        return "not a git checkout"
-    return f"git {state['commit'][:10]}" + (" with uncommitted changes" if state["dirty"] else "")
-
-
-def _result(f: dict) -> str:
-    if f["value"] is None:
-        return "**ERROR**"
-    return "—" if f["pass"] is None else ("PASS" if f["pass"] else "**MISS**")
+def _verdict(f: dict) -> str:
+    return {"ERROR": "**ERROR**", "MISS": "**MISS**", "NOT JUDGED": "not judged (busy)"}.get(
+        f["verdict"], f["verdict"])
 
 
 def _target(f: dict) -> str:
@@ -42,15 +48,16 @@ def _target(f: dict) -> str:
 
 
 def markdown(figs: dict, results: dict, plan, meta: dict) -> str:
-    lines = [*header(plan, meta), "## Figures", "", "| figure | value | target | result | what |",
-             "|---|---|---|---|---|"]
-    lines += [f"| `{name}` | {fmt(f['value'])} | {_target(f)} | {_result(f)} | "
-              f"({f['section']}) {f['what']} |" for name, f in figs.items()]
-    lines += ["", *machine_section(meta, plan)]
+    rows = [[f"`{name}`", fmt(f["value"]), _target(f), _verdict(f), f"({f['section']}) {f['what']}"]
+            for name, f in figs.items()]
+    errors = [f"- `{name}` = {fmt(f['value'])}: {f['error']}" for name, f in figs.items()
+              if f["error"]]
+    lines = [*header(plan, meta), "## Figures", "",
+             *table(["figure", "value", "target", "result", "what"], rows), "",
+             *(["Errors:", "", *errors, ""] if errors else []), *machine_section(meta, plan)]
     for section in SECTIONS:
         lines += section_lines(section, results, plan)
-    lines += misses_section(figs, results, plan)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + misses_section(figs, results, plan)) + "\n"
 
 
 def section_lines(section: Section, results: dict, plan) -> list[str]:
@@ -70,11 +77,22 @@ def header(plan, meta: dict) -> list[str]:
                   "code runs. Targets are for the full benchmark.", ""]
     cpus = meta["hardware"]["cpu_count"]
     load = (f"- Load average (1 min) at start / end: {meta['load_start']} / {meta['load_end']} "
-            f"on {cpus} logical CPUs")
-    if max(meta["load_start"], meta["load_end"]) > 0.5 * cpus:
-        load += " (a loaded machine: compare ratios, not absolute rates)"
-    when = f"- When: {meta['started']} ({meta['wall_s']:.0f} s); {_git(meta['git'])}"
-    return lines + [f"- Command: `{meta['command']}`", when, load, ""]
+            f"on {cpus} logical CPUs (the end counts the benchmark's own threads); cores kept "
+            f"busy by other processes, sampled with the benchmark idle: "
+            f"{meta['busy_cores_start']:.2f} / {meta['busy_cores_end']:.2f}")
+    lines += [f"- Command: `{meta['command']}`",
+              f"- When: {meta['started']} ({meta['wall_s']:.0f} s); {_git(meta['git'])}", load, ""]
+    if meta["busy"]:
+        lines += [f"**Busy machine**: other processes kept more than {BUSY_PER_CORE} of each "
+                  "core busy at the start or the end, so no figure is marked PASS or MISS "
+                  "(their values are below, unjudged); rerun on an idle machine.", ""]
+    return lines
+
+
+def _git(state: dict | None) -> str:
+    if not state:
+        return "not a git checkout"
+    return f"git {state['commit'][:10]}" + (" with uncommitted changes" if state["dirty"] else "")
 
 
 def machine_section(meta: dict, plan) -> list[str]:
@@ -88,40 +106,34 @@ def machine_section(meta: dict, plan) -> list[str]:
              f"- GLIBC_TUNABLES: `{glibc}`" if glibc else "- GLIBC_TUNABLES: unset"]
     if plan.device == "cpu":
         this_run = ("This run had it set." if glibc and "mmap_threshold" in glibc else
-                    "This run did not set it: rerun with it for best absolute numbers.")
+                    "This run did not: rerun with it for the best absolute numbers.")
         lines += ["", "**malloc advice (CPU).** glibc returns large freed blocks to the OS and "
-                  "page-faults them back on the next allocation. With", "",
-                  f"    export GLIBC_TUNABLES={GLIBC_ADVICE}", "",
-                  "training steps ran 11-18% faster on the development machine (timm ViTs of "
-                  "width 64 and 192, depth 12), and the float64 metrics of c about 20-30% faster "
-                  "(measured while writing this benchmark). Ratios of a and b are affected alike "
-                  "on both sides; absolute rates, e and c are not. " + this_run]
+                  f"page-faults them back on the next allocation; `GLIBC_TUNABLES={GLIBC_ADVICE}`"
+                  " made training steps 11-18% and the float64 metrics 20-30% faster on the "
+                  "development machine. Ratios move little; absolute rates do. " + this_run]
     return lines + [""]
 
 
 def misses_section(figs: dict, results: dict, plan) -> list[str]:
-    """Each missed figure with its known cause and the profiles the suite took of it."""
+    """Each figure whose value misses its target, with its known cause and profiles."""
     causes = {figure.name: figure.cause for figure in figures(plan)}
-    names = [name for name, f in figs.items() if f["pass"] is False]
+    names = [name for name, f in figs.items() if f["met"] is False]
     lines = ["## Missed targets", ""] + ([] if names else ["None.", ""])
     for name in names:
         lines += [f"### `{name}` = {fmt(figs[name]['value'])} (target {_target(figs[name])})", "",
                   f"Cause: {causes[name]}", ""]
-        for table in results.get("profiles", {}).get(name, []):
-            lines += profile_table(table)
+        for profile in results.get("profiles", {}).get(name, []):
+            lines += profile_table(profile)
     return lines
 
 
-def profile_table(table: dict) -> list[str]:
-    rows = table["rows"]
-    lines = [f"Profile: {table['title']} ({table['tool']}, by {table['sorted_by']}"
-             + (f", total {table['total_ms']:.1f} ms" if "total_ms" in table else "") + ")", ""]
+def profile_table(profile: dict) -> list[str]:
+    rows = profile["rows"]
+    total = f", total {profile['total_ms']:.1f} ms" if "total_ms" in profile else ""
+    lines = [f"Profile: {profile['title']} ({profile['tool']}, by {profile['sorted_by']}{total})",
+             ""]
     if not rows:
         return lines + ["(no rows)", ""]
-    columns = list(rows[0])
-    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        cells = [f"{v:.1%}" if k == "share" else (fmt(v) if not isinstance(v, str) else f"`{v}`")
-                 for k, v in row.items()]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines + [""]
+    cells = [[f"{v:.1%}" if k == "share" else f"`{v}`" if isinstance(v, str) else fmt(v)
+              for k, v in row.items()] for row in rows]
+    return lines + table(list(rows[0]), cells) + [""]

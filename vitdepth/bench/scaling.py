@@ -1,6 +1,5 @@
 """How the metric cost grows with depth, tokens and batch, one factor varied at a time around
-``plan.sweep_base``: exponents fitted by least squares in log-log, their table (part of c) and
-scaling.png."""
+``plan.sweep_base``: exponents fitted by least squares in log-log, their table and scaling.png."""
 
 from __future__ import annotations
 
@@ -12,11 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from vitdepth.bench.figure import Figure
+from vitdepth.bench.figure import Figure, table
 from vitdepth.bench.plan import Plan, StepShape
 from vitdepth.rundir import atomic_write_bytes
 
-FACTORS = ("depth", "tokens", "batch")
+FACTORS = {"depth": lambda s: s.depth, "tokens": lambda s: s.tokens,
+           "batch": lambda s: s.batch_size}
+FIGURES = tuple(Figure(f"metric_exponent_{factor}", source=("scaling", factor, "exponent"),
+                       what=f"fitted exponent k of metric seconds ~ {factor}^k")
+                for factor in FACTORS)
 
 
 def fit_power_law(xs: list[float], seconds: list[float]) -> dict:
@@ -26,39 +29,25 @@ def fit_power_law(xs: list[float], seconds: list[float]) -> dict:
 
 
 def sweep(plan: Plan, seconds: Callable[[StepShape], float]) -> dict:
-    """``seconds(shape)`` while one of depth, tokens and batch varies around
-    ``plan.sweep_base``."""
     base = plan.sweep_base
-    shapes = {
-        "depth": [dataclasses.replace(base, depth=d) for d in plan.sweep_depths],
-        "tokens": [dataclasses.replace(base, img_size=s) for s in plan.sweep_img_sizes],
-        "batch": [dataclasses.replace(base, batch_size=b) for b in plan.sweep_batches],
-    }
-    x_of = {"depth": lambda s: s.depth, "tokens": lambda s: s.tokens,
-            "batch": lambda s: s.batch_size}
+    shapes = {"depth": [dataclasses.replace(base, depth=d) for d in plan.sweep_depths],
+              "tokens": [dataclasses.replace(base, img_size=s) for s in plan.sweep_img_sizes],
+              "batch": [dataclasses.replace(base, batch_size=b) for b in plan.sweep_batches]}
     out = {"base": base.label()}
-    for factor in FACTORS:
-        xs = [x_of[factor](shape) for shape in shapes[factor]]
-        times = [seconds(shape) for shape in shapes[factor]]
+    for factor, x_of in FACTORS.items():
+        xs, times = [x_of(s) for s in shapes[factor]], [seconds(s) for s in shapes[factor]]
         out[factor] = {"x": xs, "seconds": times, **fit_power_law(xs, times)}
     return out
 
 
 def render(scaling: dict) -> list[str]:
-    lines = [f"Scaling around {scaling['base']}, one factor at a time; least squares of "
-             "log seconds on log x (scaling.png):", "",
-             "| factor | x | seconds | exponent k | t = a x^k, a |", "|---|---|---|---|---|"]
-    for factor in FACTORS:
-        s = scaling[factor]
-        lines.append(f"| {factor} | {', '.join(map(str, s['x']))} | "
-                     f"{', '.join(f'{v:.3g}' for v in s['seconds'])} | **{s['exponent']:.2f}** | "
-                     f"{s['prefactor']:.3g} |")
-    return lines
-
-
-FIGURES = tuple(Figure(f"metric_exponent_{factor}", source=("scaling", factor, "exponent"),
-                       what=f"fitted exponent k of metric seconds ~ {factor}^k")
-                for factor in FACTORS)
+    rows = [[factor, ", ".join(map(str, s["x"])), ", ".join(f"{v:.3g}" for v in s["seconds"]),
+             f"**{s['exponent']:.2f}**", s["prefactor"]]
+            for factor, s in ((f, scaling[f]) for f in FACTORS)]
+    return [f"Scaling around {scaling['base']}, one factor at a time (depth counts blocks; "
+            "tokens = (image / patch)^2 + 1); least squares of log seconds on log x "
+            "(scaling.png):", "",
+            *table(["factor", "x", "seconds", "exponent k", "t = a x^k, a"], rows)]
 
 
 def plot(scaling: dict | None, path: Path, title: str) -> None:
@@ -79,15 +68,14 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
         for ax, factor in zip(axes, FACTORS):
             s = scaling[factor]
             xs = np.array(s["x"], dtype=float)
-            ax.loglog(xs, s["seconds"], "o", label="measured")
             grid = np.geomspace(xs.min(), xs.max(), 50)
+            ax.loglog(xs, s["seconds"], "o", label="measured")
             ax.loglog(grid, s["prefactor"] * grid ** s["exponent"], "-",
                       label=f"fit: t = {s['prefactor']:.2g} x^{s['exponent']:.2f}")
             ax.set_xticks(xs, [f"{x:g}" for x in xs])  # measured points only: minor labels overlap
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-            ax.set_xlabel(factor)
-            ax.set_ylabel("metric seconds")
-            ax.set_title(f"{factor}: exponent {s['exponent']:.2f}")
+            ax.set(xlabel=factor, ylabel="metric seconds",
+                   title=f"{factor}: exponent {s['exponent']:.2f}")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
         fig.suptitle(f"Rank-collapse metric cost, one factor varied around {scaling['base']}\n"

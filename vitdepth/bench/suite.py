@@ -1,5 +1,5 @@
 """Runs every section of a ``Plan`` in one process, in order, then profiles the figures that
-miss."""
+miss their targets."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitdepth.bench import callback, flops, gpu, loaders, metric_cost, training
+from vitdepth.bench import callback, flops, loaders, metric_cost, training
 from vitdepth.bench.figure import Bench, Figure, Section, log
 from vitdepth.bench.plan import Plan
 
-# bench.md's order. They run in MEASURED order: the training runs first (b, e and f reuse a's),
-# then the metric cost and the loaders.
+# bench.md's order. They run in MEASURED order: a's fit first (b, e and f reuse it), then the
+# metric cost and the loaders.
 SECTIONS: tuple[Section, ...] = (training.SECTION, callback.SECTION, metric_cost.SECTION,
-                                 loaders.SECTION, flops.SECTION, gpu.SECTION)
+                                 loaders.SECTION, flops.SECTION, flops.GPU_SECTION)
 MEASURED = "abefcd"
 
 
@@ -30,16 +30,11 @@ def figures(plan: Plan) -> list[Figure]:
     return [figure for section in sections(plan) for figure in section.figures]
 
 
-def evaluate(results: dict, plan: Plan) -> dict[str, dict]:
-    """Every figure of the plan beside its target: bench.json's ``figures``."""
-    out = {}
-    for section in sections(plan):
-        for figure in section.figures:
-            value = figure.value(results.get(section.key))
-            out[figure.name] = {"value": value, "op": figure.op, "target": figure.target,
-                                "pass": figure.passed(value), "section": section.key,
-                                "what": figure.what}
-    return out
+def evaluate(results: dict, plan: Plan, busy: bool) -> dict[str, dict]:
+    """Every figure of the plan beside its target and verdict: bench.json's ``figures``."""
+    return {figure.name: {**figure.judge(figure.value(results.get(section.key)), busy),
+                          "section": section.key}
+            for section in sections(plan) for figure in section.figures}
 
 
 def measure(plan: Plan, root: Path) -> dict:
@@ -77,11 +72,12 @@ def seed_everything(seed: int) -> None:
 
 
 def profile_misses(bench: Bench) -> dict[str, list[dict]]:
-    """A profile for every figure that misses its target, showing where the time goes."""
-    figs = evaluate(bench.results, bench.plan)
+    """A profile for every figure whose value misses its target, busy machine or not."""
     profiles = {}
-    for figure in figures(bench.plan):
-        if figs[figure.name]["pass"] is False and figure.profile is not None:
-            log(f"profile: {figure.name} misses its target")
-            profiles[figure.name] = figure.profile(bench)
+    for section in sections(bench.plan):
+        for figure in section.figures:
+            value = figure.value(bench.results.get(section.key))
+            if figure.met(value) is False and figure.profile is not None:
+                log(f"profile: {figure.name} misses its target")
+                profiles[figure.name] = figure.profile(bench)
     return profiles

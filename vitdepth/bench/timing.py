@@ -1,13 +1,19 @@
-"""Wall-clock timing with warm-up and medians, the one clock every bench figure uses.
+"""The one clock of every bench figure: windows of calls, rounds that interleave the sides of a
+comparison, paired medians, and profiles for figures that miss.
 
-A figure is the median over repeats, each repeat timing a window of several calls, so one slow
-call (another process, a page fault storm) moves a repeat, not the figure. On CUDA the clock
-synchronises at window edges only, so the host keeps queueing work inside a window as it would
-in training.
+A side is timed in windows of several calls, so one slow call moves a window, not the figure. A
+figure that compares a side with its reference (a training step with the bare loop, a step's FLOP
+rate with the matmul peak, the metrics with their spectra) times them in rounds, A B A B ..., and
+is the median over rounds of each round's ratio or difference: load that comes and goes hits both
+sides of a pair alike, where two medians taken minutes apart would each see other load. On CUDA
+the clock synchronises at window edges only, so the host keeps queueing work inside a window.
 """
 
 from __future__ import annotations
 
+import cProfile
+import os
+import pstats
 import statistics
 import time
 from collections.abc import Callable
@@ -25,7 +31,7 @@ def synchronizer(device: torch.device | str) -> Callable[[], None]:
 
 @dataclass
 class Timing:
-    """Seconds per call in each repeat (one window of ``calls`` calls each)."""
+    """Seconds per call in each window (round) of ``calls`` calls."""
 
     seconds: list[float] = field(default_factory=list)
     calls: int = 1
@@ -36,7 +42,7 @@ class Timing:
 
     @property
     def spread(self) -> float:
-        """(max - min) / median over repeats: how noisy the machine was."""
+        """(max - min) / median over windows: how noisy the machine was."""
         return (max(self.seconds) - min(self.seconds)) / self.median if self.median > 0 else 0.0
 
     def as_dict(self) -> dict:
@@ -44,19 +50,76 @@ class Timing:
                 "spread": self.spread}
 
 
-def time_calls(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5, calls: int = 1,
-               sync: Callable[[], None] = lambda: None) -> Timing:
-    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` windows of ``calls`` calls; seconds
-    per call."""
+def window(fn: Callable[[], object], calls: int = 1, warmup: int = 0,
+           sync: Callable[[], None] = lambda: None) -> float:
+    """Seconds per call over ``calls`` calls of ``fn``, after ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
     sync()
-    timing = Timing(calls=calls)
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        timing.seconds.append((time.perf_counter() - start) / calls)
-    return timing
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls
 
+
+def time_calls(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5, calls: int = 1,
+               sync: Callable[[], None] = lambda: None) -> Timing:
+    """``repeats`` windows of ``calls`` calls, the first after ``warmup`` untimed calls."""
+    return Timing([window(fn, calls, warmup if i == 0 else 0, sync) for i in range(repeats)],
+                  calls)
+
+
+def interleave(sides: dict[str, Callable[[], float]], rounds: int) -> dict[str, Timing]:
+    """``rounds`` rounds of one window of each side in turn; each side returns its seconds."""
+    timings = {name: Timing() for name in sides}
+    for _ in range(rounds):
+        for name, side in sides.items():
+            timings[name].seconds.append(side())
+    return timings
+
+
+def paired_ratio(side: Timing, reference: Timing) -> float:
+    """Median over rounds of the side's seconds / its reference's, timed beside it."""
+    return statistics.median(a / b for a, b in zip(side.seconds, reference.seconds, strict=True))
+
+
+def paired_difference(side: Timing, reference: Timing) -> float:
+    """Median over rounds of the side's seconds - its reference's."""
+    return statistics.median(a - b for a, b in zip(side.seconds, reference.seconds, strict=True))
+
+
+def top_ops(fn: Callable[[], object], device: str = "cpu", rows: int = 8) -> dict:
+    """Run ``fn`` once under torch.profiler; the operators with the most self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # else a CPU-only machine logs an ERROR line
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        synchronizer(device)()
+    events = prof.key_averages()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    total = sum(getattr(e, key) for e in events) or 1
+    ranked = sorted(events, key=lambda e: -getattr(e, key))[:rows]
+    return {"tool": "torch.profiler", "sorted_by": key, "total_ms": total / 1e3,
+            "rows": [{"name": e.key, "self_ms": getattr(e, key) / 1e3,
+                      "share": getattr(e, key) / total, "calls": e.count} for e in ranked]}
+
+
+def top_functions(fn: Callable[[], object], rows: int = 8, sort: str = "tottime",
+                  where: str = "") -> dict:
+    """Run ``fn`` once under cProfile; the functions (in files whose path holds ``where``) with
+    the most own (``tottime``) or cumulative (``cumtime``) time: Python-level costs, which
+    torch.profiler does not see."""
+    profiler = cProfile.Profile()
+    profiler.runcall(fn)
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tottime, cumtime, _)}
+    column = 2 if sort == "tottime" else 3
+    total = sum(v[2] for v in stats.values()) or 1
+    kept = [kv for kv in stats.items() if where in kv[0][0]]
+    ranked = sorted(kept, key=lambda kv: -kv[1][column])[:rows]
+    return {"tool": "cProfile", "sorted_by": sort, "total_ms": total * 1e3,
+            "rows": [{"name": f"{name} ({file.rsplit('/', 1)[-1]}:{line})",
+                      "ms": v[column] * 1e3, "share": v[column] / total, "calls": v[1]}
+                     for (file, line, name), v in ranked]}

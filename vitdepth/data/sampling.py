@@ -29,8 +29,17 @@ def _mix(*values: int) -> int:
 
 
 def reseed_for_step(seed: int, step: int, rank: int = 0) -> None:
+    """Seed the host's generators, and CUDA's once CUDA is in use, by (seed, step, rank).
+
+    Not ``torch.manual_seed``: for every backend not yet initialised (CUDA on a CPU run; XPU and
+    MTIA always) it queues a lazy seed with ``traceback.format_stack()`` (torch 2.14,
+    ``torch.cuda._lazy_call``), which under Lightning's deep stack cost more than a tiny model's
+    whole training step. A backend first used after this call is seeded by torch's own default.
+    """
     step_seed = _mix(seed, step, rank, 1)
-    torch.manual_seed(step_seed)
+    torch.default_generator.manual_seed(step_seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(step_seed)
     np.random.seed(step_seed)
     random.seed(step_seed)
 

@@ -23,6 +23,7 @@ from typing_extensions import override
 
 from vitdepth.errors import UsageError
 from vitdepth.lit.divergence import DivergenceWatch
+from vitdepth.lit.step_log import StepLog
 from vitdepth.models import build_vit, count_parameters
 from vitdepth.models.regularisers import diverse_patch_loss
 
@@ -89,6 +90,7 @@ class ViTClassifier(LightningModule):
         # checkpoint loads into an eager model and back; probes use self.model.
         object.__setattr__(self, "_train_forward", torch.compile(self.model) if compile else self.model)
         self.divergence = DivergenceWatch()
+        self.step_log = StepLog()
         self._epoch_images, self._epoch_start, self._last_batch_end = 0, time.perf_counter(), None  # a mid-epoch resume skips on_train_epoch_start
 
     @override
@@ -141,18 +143,17 @@ class ViTClassifier(LightningModule):
             loss = loss + self.hparams.diverse_patch_weight * cosine
         self.divergence.note(loss, self.global_step, self.trainer.world_size)
         self._log_train("train/loss", loss, len(images), prog_bar=True)
-        # torch.full fills on the device; a float given to self.log would be copied there with
-        # torch.tensor, a blocking copy after every queued kernel (the GPU idles each step)
-        lr = torch.full((), self.optimizers().param_groups[0]["lr"], device=self.device)
-        self.log("lr", lr, on_step=True, on_epoch=False)
+        # the lr this step trained with: the scheduler updates it before on_train_batch_end
+        self.step_log.step("lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
     def _log_train(self, name: str, value: torch.Tensor, batch_size: int, prog_bar: bool = False) -> None:
         """``<name>_step``: this rank's value (rank 0's reaches the loggers), because Lightning's
         sync_dist is a barrier and an all-reduce that would make the host wait every step;
-        ``<name>_epoch``: the mean over all ranks' batches, synced once per epoch."""
-        self.log(f"{name}_step", value, on_step=True, on_epoch=False, prog_bar=prog_bar, batch_size=batch_size)
-        self.log(f"{name}_epoch", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=batch_size)
+        ``<name>_epoch``: the mean over all ranks' batches, synced once per epoch. Both are logged
+        by ``step_log`` outside the step (``vitdepth.lit.step_log``)."""
+        self.step_log.step(f"{name}_step", value, prog_bar=prog_bar)
+        self.step_log.epoch_mean(f"{name}_epoch", value, batch_size)
 
     @override
     def on_train_epoch_start(self) -> None:
@@ -164,6 +165,7 @@ class ViTClassifier(LightningModule):
         self._last_batch_end = time.perf_counter()
         if self.divergence.read() is not None:
             self.trainer.should_stop = True  # the run recorder marks the run "diverged"; a sweep goes on
+        self.step_log.log_step(self)
 
     @override
     def on_train_end(self) -> None:
@@ -171,6 +173,7 @@ class ViTClassifier(LightningModule):
 
     @override
     def on_train_epoch_end(self) -> None:
+        self.step_log.log_epoch(self)
         # Training steps only: validation and probes run between the last batch and this hook.
         if self._last_batch_end is not None:
             seconds = self._last_batch_end - self._epoch_start

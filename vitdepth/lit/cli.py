@@ -211,17 +211,18 @@ def run_lightning_cli(argv: list[str]) -> int:
     return 0
 
 
-def build_run(argv: list[str], run_root: str) -> VitdepthCLI:
+def build_run(argv: list[str], run_root: str, wandb_mode: str = "disabled") -> VitdepthCLI:
     """The CLI of ``vitdepth <argv>`` with its model, data module and trainer built as a fit builds
     them (seeded first, so the model holds the run's init) but nothing run; its run directory is
-    made under ``run_root`` (a scratch folder) and left empty."""
+    made under ``run_root`` (a scratch folder) and left empty. W&B is off unless ``wandb_mode``
+    says otherwise (the benchmark times a fit with the W&B logger a default fit has)."""
 
     class Builder(VitdepthCLI):
         @override
         def _run_subcommand(self, subcommand: str) -> None:
             pass
 
-    return _cli([*argv, "--run_root", run_root, "--wandb_mode", "disabled"], Builder)
+    return _cli([*argv, "--run_root", run_root, "--wandb_mode", wandb_mode], Builder)
 
 
 def resolve_run(argv: list[str]) -> RunIdentity:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from pathlib import Path
 
 from lightning_fabric.utilities.logger import _add_prefix
@@ -17,15 +19,25 @@ from vitdepth.wandb_view.keys import default_project, wandb_key
 from vitdepth.wandb_view.server import has_api_key, server, server_reachable
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+SAVE_EVERY_S = 10.0  # how long logged rows may wait for the next rewrite of metrics.csv
 
 
 class RunCSVLogger(Logger):
-    """Writes ``metrics.csv`` in the run directory (columns epoch, step, then metric keys)."""
+    """Writes ``metrics.csv`` in the run directory (columns epoch, step, then metric keys).
+
+    Lightning calls ``save`` after every ``log_metrics``, every ``log_every_n_steps`` steps, and
+    each save rewrites the whole table and syncs it to disk: a cost per step that grows with the
+    run (rows x columns, the probe's ``rank/*`` columns included). So a save writes only when
+    ``SAVE_EVERY_S`` have passed since the last write, and ``flush`` writes at once: before
+    every checkpoint (``RunRecorder``), so a resume finds every row up to its step on disk, at
+    each epoch's start, and at the end (``finalize``, also after a failure).
+    """
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         super().__init__()
         self.run_dir = Path(run_dir)
         self.table = CsvTable(self.run_dir / METRICS, columns=("epoch", "step"))
+        self.unsaved, self.saved_at = False, -math.inf
 
     @property
     @override
@@ -59,19 +71,30 @@ class RunCSVLogger(Logger):
         row = {k: float(v) for k, v in metrics.items()}
         row["step"] = step
         self.table.append([row])
+        self.unsaved = True
 
     @override
     @rank_zero_only
     def save(self) -> None:
-        self.table.save()
+        if time.monotonic() - self.saved_at >= SAVE_EVERY_S:
+            self.flush()
+
+    @rank_zero_only
+    def flush(self) -> None:
+        """Write the rows logged since the last write, if any."""
+        if self.unsaved:
+            self.table.save()
+            self.unsaved, self.saved_at = False, time.monotonic()
 
     @override
     @rank_zero_only
     def finalize(self, status: str) -> None:
         self.table.save()
+        self.unsaved = False
 
     def drop_after(self, step: int) -> None:
         self.table.drop_after(step)
+        self.unsaved = True
 
 
 def decide_wandb_mode(requested: str = "auto") -> str:

@@ -224,6 +224,16 @@ class RunRecorder(Callback):
                 logger.drop_after(trainer.global_step)
 
     @override
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        """Before the checkpoint is written, the rows up to its step (``RunCSVLogger.flush``): a
+        resume from it drops later rows and relogs them, and must not lose earlier ones."""
+        _flush_loggers(trainer)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        _flush_loggers(trainer)  # the previous epoch's mean, logged after its checkpoint
+
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if pl_module.diverged_at is not None:
             self._status(trainer, "diverged", f"non-finite train/loss at step {pl_module.diverged_at}")
@@ -247,6 +257,12 @@ class RunRecorder(Callback):
             self._status(trainer, "failed", f"{type(exception).__name__}: {message[0] if message else ''}")
         except UsageError:  # the disk is full: status.json keeps its last state; the error says why
             pass
+
+
+def _flush_loggers(trainer: pl.Trainer) -> None:
+    for logger in trainer.loggers:
+        if hasattr(logger, "flush"):
+            logger.flush()
 
 
 def _accelerator_facts(trainer: pl.Trainer) -> dict:
