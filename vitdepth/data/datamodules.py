@@ -309,7 +309,9 @@ class ImageDataModule(pl.LightningDataModule):
     def _resident_set(self, device: torch.device) -> ResidentImages:
         hp = self.hparams
         self.setup("fit")
-        policy = device_policy(hp.auto_augment) if hp.augment and hp.auto_augment else None
+        augment = hp.augment and hp.auto_augment
+        # filled with the data set's mean, as the PIL recipe (transforms.augment_op)
+        policy = device_policy(hp.auto_augment, self.mean) if augment else None
         transform = TensorBatchTransform(self.mean, self.std, self.img_size, re_prob=hp.re_prob if hp.augment else 0,
                                          policy=policy, device=device)
         pad = self.spec.pad if hp.augment else 0
