@@ -1,13 +1,11 @@
-"""b. What the rank-collapse probe costs training: the wall time the training loop is stopped per
-probe (``probe_blocking_s``: each ``probe`` call, which waits for the previous probe's metrics if
-they are still running) against the probe's metric time, at c's shape; and that blocking over a
-CIFAR-10 epoch of a's steps (``callback_overhead``)."""
+"""b. What the rank-collapse probe costs training: the wall time each ``probe`` call stops the
+training loop (it waits for the previous probe's metrics if they are still running) against the
+probe's metric time at c's shape, and that blocking over a CIFAR-10 epoch of a's steps."""
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -17,7 +15,7 @@ from vitdepth.bench import loaders, loops
 from vitdepth.bench.figure import Bench, Figure, Section, log
 from vitdepth.bench.metric_cost import probe_inputs
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import synchronizer, top_ops
+from vitdepth.bench.timing import synchronizer, top_ops, window
 from vitdepth.callbacks import RankCollapseCallback
 from vitdepth.probe import probe_metrics
 
@@ -31,13 +29,9 @@ class ProbeClock(Callback):
         probe = callback.probe
 
         def timed(*args, **kwargs):
-            sync()
-            start = time.perf_counter()
-            try:
-                return probe(*args, **kwargs)
-            finally:
-                sync()
-                self.seconds.append(time.perf_counter() - start)
+            returned = []
+            self.seconds.append(window(lambda: returned.append(probe(*args, **kwargs)), sync=sync))
+            return returned[0]
 
         callback.probe = timed
 
@@ -57,15 +51,14 @@ class ProbeClock(Callback):
 
 def probe_fit(plan: Plan, root: Path) -> dict[str, list[float]]:
     """The probes of a fit at ``plan.metrics`` (at init, and at the end once the first probe's
-    metrics are done), on a probe batch of ``plan.metrics.batch_size`` images; trained at a
-    batch of at most 32."""
+    metrics are done) on a probe batch of ``plan.metrics.batch_size`` images."""
     shape = plan.metrics
     train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
     data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
                                num_samples=5 * shape.batch_size + 50, probe_size=shape.batch_size)
-    probe = RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size)
-    clock = ProbeClock(probe, plan.device)
-    trainer = loops.lightning_trainer(plan, 1000, [probe, clock], str(root))
+    clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size),
+                       plan.device)
+    trainer = loops.lightning_trainer(plan, 1000, [clock.callback, clock], str(root))
     trainer.fit(loops.classifier(train), datamodule=data)
     return clock.results()
 
@@ -89,22 +82,15 @@ def measure(bench: Bench) -> dict:
 
 
 def render(b: dict, plan: Plan) -> list[str]:
+    synchronous = b["probes_at_c"]["blocking_s"] == b["probes_at_c"]["metrics_s"]
+    source = ("the callback probes synchronously, so the whole call is timed as both" if
+              synchronous else "metric seconds from the callback's own per-probe `timings`")
     return [f"RankCollapseCallback(every_n_epochs=1) in a one-step fit at {b['probe_shape']} "
-            f"(probe images = batch): {len(b['probes_at_c']['blocking_s'])} probes, training "
-            f"stopped a median {b['probe_blocking_s']:.3g} s per probe; the probe's metrics took "
-            f"{b['probe_metrics_s']:.3g} s (blocking / metrics, median over probes = "
-            f"{b['probe_blocking_over_metrics']:.3g}). " + _source(b),
+            f"(probe images = batch): {len(b['probes_at_c']['blocking_s'])} probes; {source}.",
             f"During a's fit ({b['probe_images']} probe images): {b['probe_seconds'][0]:.3g} s "
             f"blocking at init. **Scaled, not run:** a {b['epoch_images']:,}-image epoch = "
             f"{b['steps_per_epoch']} steps x {b['step_s'] * 1e3:.1f} ms (a's Lightning step) = "
-            f"{b['epoch_s_scaled']:.1f} s, without validation; overhead = median blocking / "
-            f"epoch = {b['callback_overhead']:.4f}.", ""]
-
-
-def _source(b: dict) -> str:
-    if b["probes_at_c"]["blocking_s"] == b["probes_at_c"]["metrics_s"]:
-        return "The callback probes synchronously: the whole probe call is timed as both."
-    return "Metric seconds from the callback's own per-probe `timings`."
+            f"{b['epoch_s_scaled']:.1f} s, without validation.", ""]
 
 
 def probe_profile(bench: Bench, shape: StepShape) -> list[dict]:
@@ -118,8 +104,8 @@ SECTION = Section(
     "b", "Rank-collapse probe: blocking and overhead", measure=measure, render=render,
     needs=("a",),
     figures=(
-        Figure("callback_overhead", what="training stopped by one probe (a's model, 256 images) "
-               "/ a 50,000-image epoch", op="<=", target=0.02,
+        Figure("callback_overhead", what="training stopped by one probe during a's fit / a "
+               "50,000-image epoch", op="<=", target=0.02,
                profile=lambda bench: probe_profile(bench, dataclasses.replace(
                    bench.plan.train, batch_size=bench.plan.probe_size)),
                cause="A probe is one eager forward of the probe batch plus float64 metrics."),

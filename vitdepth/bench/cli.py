@@ -1,8 +1,8 @@
 """``vitdepth bench``: training throughput, probe and metric cost, loaders and FLOP rate against
-targets.
+their targets, measured side by side in one process.
 
-    vitdepth bench --out results/bench
-    vitdepth bench --quick --out /tmp/bench
+    vitdepth bench --out results/bench              # CPU, full sizes (minutes)
+    vitdepth bench --quick --out /tmp/bench         # tiny sizes: checks the code, not the speed
     vitdepth bench --device cuda --out results/bench/h200
 """
 
@@ -34,16 +34,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def command_line(args: argparse.Namespace, threads: int) -> str:
-    quick = ["--quick"] if args.quick else []
-    return " ".join(["vitdepth bench", f"--device {args.device}", *quick, f"--out {args.out}",
-                     f"--threads {threads}"])
-
-
 def busy_cores(seconds: float = 0.5) -> float:
-    """Cores kept busy by other processes while this one sleeps ``seconds``, from /proc/stat:
-    the load average at the end would count the benchmark's own threads. Elsewhere: the 1-minute
-    load average."""
+    """Cores kept busy by other processes while this one sleeps ``seconds``, from /proc/stat
+    (the load average would count the benchmark's own threads); elsewhere the load average."""
     def ticks() -> tuple[int, int]:
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
@@ -84,15 +77,16 @@ def run(args: argparse.Namespace) -> int:
     when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(prefix="vitdepth-bench-") as tmp, quiet_lightning():
         results = measure(plan, Path(tmp))
+    hw, quick = hardware(), " --quick" if args.quick else ""
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU only"
-    hw = hardware()
-    title = device_name if args.device == "cuda" else hw["processor"]
-    title += " (quick)" if args.quick else ""
     meta = {
-        "command": command_line(args, threads), "started": when,
-        "wall_s": time.monotonic() - started, "device": args.device, "device_name": device_name,
-        "quick": args.quick, "title": title, "threads": torch.get_num_threads(),
-        "interop_threads": torch.get_num_interop_threads(),
+        "command": f"vitdepth bench --device {args.device}{quick} --out {args.out} "
+                   f"--threads {threads}",
+        "started": when, "wall_s": time.monotonic() - started, "device": args.device,
+        "device_name": device_name, "quick": args.quick,
+        "title": (device_name if args.device == "cuda" else hw["processor"])
+                 + (" (quick)" if args.quick else ""),
+        "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2),

@@ -1,10 +1,5 @@
-"""Figures, the sections that measure them, and what a run's sections share.
-
-A section module (``training`` a, ``callback`` b, ``metric_cost`` c, ``loaders`` d, ``flops`` e
-and f) holds its ``Section``: figures with their targets and known causes beside the code that
-measures them, the profile to run when one misses, and its part of bench.md. ``suite`` runs the
-sections and ``report`` formats them, so adding a figure touches one module.
-"""
+"""A section's figures (targets, known causes, the profile to run on a miss) beside its measure
+and its part of bench.md, so adding a figure touches one module; the state sections share."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ PEAK_ERROR = ("above 1: faster than the peak measured beside it, so the measurem
 
 @dataclass
 class Bench:
-    """One run: the plan, a scratch folder, the results so far, and what later sections reuse of
-    a's fit (its windows, its probes) and e's FLOP count."""
+    """One run: the plan, a scratch folder, the results so far, and what later sections reuse."""
 
     plan: Plan
     root: Path

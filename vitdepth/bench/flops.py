@@ -1,9 +1,7 @@
-"""e. FLOP rate: the FLOPs of one training step over a's step times, against the matmul peak
-timed between a's windows; f (``--device cuda``): MFU at bf16-mixed, eager (e's fraction, whose
-peak is then the bf16 matmul) and under torch.compile, in a compiled fit of its own.
-
-A step cannot beat the peak measured beside it: a fraction above 1 is an error of the
-measurement (``Figure.peak_fraction``), never a pass.
+"""e. The training step's FLOP rate over a's step times, against the matmul peak timed between
+a's windows; f (``--device cuda``): MFU at bf16-mixed, eager (e's fraction, whose peak is then
+the bf16 matmul) and under torch.compile, in a compiled fit of its own. A step cannot beat the
+peak measured beside it: a fraction above 1 is an error (``Figure.peak_fraction``), never a pass.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from vitdepth.bench.timing import Timing, paired_ratio
 def train_flops(model: torch.nn.Module, shape: StepShape, device: torch.device,
                 precision: str) -> int:
     """FLOPs of one training step's forward and backward, by ``torch.utils.flop_counter``, on a
-    copy with timm's explicit attention: the counter has no formula for CPU's fused SDPA and
-    would skip the attention matmuls."""
+    copy with timm's explicit attention: the counter has no formula for CPU's fused SDPA."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counted = copy.deepcopy(model).to(device).train()
@@ -50,8 +47,7 @@ def measure(bench: Bench) -> dict:
     model = loops.classifier(plan.train).model
     bench.flops = flops = train_flops(model, plan.train, torch.device(plan.device),
                                       plan.precision)
-    matmul = bench.loops["matmul"]
-    fraction = fractions(flops, bench.loops, plan)
+    matmul, fraction = bench.loops["matmul"], fractions(flops, bench.loops, plan)
     return {"flops_per_step": flops, "flops_per_image": flops / plan.train.batch_size,
             "matmul": {"n": plan.matmul_n, "dtype": plan.matmul_dtype,
                        "flops_per_s": 2 * plan.matmul_n ** 3 / matmul.median,
@@ -65,9 +61,8 @@ def render(e: dict, plan: Plan) -> list[str]:
             f"{e['flops_per_step'] / 1e9:.2f} GFLOP, {e['flops_per_image'] / 1e9:.3f} GFLOP per "
             "image (the optimizer's elementwise work is not counted).",
             f"Peak: a {m['n']}^3 {m['dtype']} matmul timed between a's windows, median "
-            f"{m['timing']['median_s'] * 1e3:.1f} ms = {m['flops_per_s'] / 1e9:,.1f} GFLOP/s. "
-            f"Fraction of it, median over rounds: ours {e['flop_fraction']:.3f}, bare loop "
-            f"{e['bare_flop_fraction']:.3f}.", ""]
+            f"{m['timing']['median_s'] * 1e3:.1f} ms = {m['flops_per_s'] / 1e9:,.1f} GFLOP/s; "
+            f"the bare loop's fraction of it: {e['bare_flop_fraction']:.3f}.", ""]
 
 
 def measure_gpu(bench: Bench) -> dict:
@@ -102,19 +97,16 @@ SECTION = Section(
                "timed beside it", op=">=", target=0.40, peak_fraction=True,
                profile=lambda bench: [loops.step_profile(bench.plan, "ours")],
                cause="The count covers only FLOPs; a ViT step also runs memory-bound operators "
-               "(LayerNorm, GELU, softmax, AdamW's update) and matmuls far smaller than the "
-               "peak's; the operator profile shows the split."),
+               "(LayerNorm, GELU, softmax, AdamW) and matmuls far smaller than the peak's."),
     ))
-
-NOT_RUN = ("## f. GPU", "",
-           "Not run: this was a CPU benchmark. On a GPU, `vitdepth bench --device cuda --out "
-           "results/bench/<gpu>` measures the on-device loader (d), the step (a) and MFU at "
-           "bf16-mixed, eager and compiled (e, f), at ViT-S/4, batch 1024; results/bench/h200 "
-           "holds a run on an NVIDIA H200.", "")
 
 GPU_SECTION = Section(
     "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, render=render_gpu,
-    needs=("a", "e"), runs=lambda plan: True in plan.compile_modes, not_run=NOT_RUN,
+    needs=("a", "e"), runs=lambda plan: True in plan.compile_modes,
+    not_run=("## f. GPU", "", "Not run: this was a CPU benchmark. On a GPU, `vitdepth bench "
+             "--device cuda --out results/bench/<gpu>` measures the on-device loader (d), the "
+             "step (a) and MFU at bf16-mixed, eager and compiled (e, f), at ViT-S/4, batch 1024; "
+             "results/bench/h200 holds a run on an NVIDIA H200.", ""),
     figures=(
         Figure("mfu_bf16_eager", peak_fraction=True,
                what="MFU of ViTClassifier (Lightning), bf16-mixed, eager"),

@@ -1,19 +1,17 @@
-"""d. Data loading: each data module's train loader against the training step it feeds, and the
-device-resident CIFAR path (``--data.on_device``) against its PIL loader; each loader's passes
-interleaved with the windows of its step and the other loaders.
+"""d. Each data module's train loader against the training step it feeds, and the on-device CIFAR
+path (``--data.on_device``) against its PIL loader, interleaved in rounds with the steps.
 
-CIFAR-10 is read from a small fake copy in the real on-disk format. torchvision checks every
-CIFAR file's MD5 against the real data set's, which fake files cannot match, so
-``cifar_md5_skipped`` accepts existing files instead while this benchmark builds its loaders.
+CIFAR-10 is a small fake copy in the real on-disk format, whose files cannot match the MD5s
+torchvision checks: ``cifar_md5_skipped`` accepts existing files while the loaders are built.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import pickle
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,9 +19,9 @@ import numpy as np
 import torch
 
 from vitdepth.bench import loops
-from vitdepth.bench.figure import Bench, Figure, Section, fmt, log, table
+from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import LOADER_SHAPES, Plan
-from vitdepth.bench.timing import Timing, interleave, paired_ratio, synchronizer, top_functions
+from vitdepth.bench.timing import interleave, paired_ratio, synchronizer, top_functions, window
 from vitdepth.data import ImageDataModule
 
 ON_DEVICE = "cifar10 on device"
@@ -48,7 +46,6 @@ def write_fake_cifar10(root: Path, per_batch: int, seed: int = 0) -> Path:
 
 @contextlib.contextmanager
 def cifar_md5_skipped() -> Iterator[None]:
-    """Inside this block torchvision's CIFAR readers accept any existing file."""
     import torchvision.datasets.cifar as cifar
 
     saved = cifar.check_integrity
@@ -61,10 +58,8 @@ def cifar_md5_skipped() -> Iterator[None]:
 
 def data_module(name: str, batch_size: int, root: Path, **options) -> ImageDataModule:
     """The data module ``name`` at its defaults (augmenting, ``num_workers=0``), set up."""
-    kwargs = dict(dataset=name, batch_size=batch_size, **options)
-    if name == "cifar10":
-        kwargs["root"] = str(root)
-    datamodule = ImageDataModule(**kwargs)
+    datamodule = ImageDataModule(dataset=name, batch_size=batch_size, **options,
+                                 **({"root": str(root)} if name == "cifar10" else {}))
     with cifar_md5_skipped():
         datamodule.setup("fit")
     return datamodule
@@ -83,18 +78,12 @@ def training_data(plan: Plan, root: Path) -> ImageDataModule:
 
 def loader_side(loader, batches: int, device: torch.device) -> Callable[[], float]:
     """Seconds per image over the first ``batches`` batches of a fresh pass, per call."""
-    sync = synchronizer(device)
+    sizes = []
 
-    def one_pass() -> float:
-        images, start = 0, time.perf_counter()
-        for i, (x, _) in enumerate(loader):
-            images += len(x)
-            if i + 1 == batches:
-                break
-        sync()
-        return (time.perf_counter() - start) / images
+    def one_pass() -> None:
+        sizes[:] = [len(x) for x, _ in itertools.islice(loader, batches)]
 
-    return one_pass
+    return lambda: window(one_pass, sync=synchronizer(device)) / sum(sizes)
 
 
 def cases(plan: Plan, batches: int) -> list[tuple[str, str, dict, bool]]:
@@ -150,7 +139,7 @@ def measure(bench: Bench) -> dict:
                                                      f"cifar10 ({RECIPE})")}
 
 
-def _over(timings: dict[str, Timing], device: str, pil: str) -> float | None:
+def _over(timings: dict, device: str, pil: str) -> float | None:
     """Images/s of the on-device row over the PIL row (one core: this process), paired."""
     if device not in timings or pil not in timings:
         return None
@@ -158,33 +147,25 @@ def _over(timings: dict[str, Timing], device: str, pil: str) -> float | None:
 
 
 def render(d: dict, plan: Plan) -> list[str]:
-    rows = []
-    for name, r in d["loaders"].items():
-        label = name if r["default"] else f"*{name}*"
-        if "error" in r:
-            rows.append([label, f"fails: `{r['error']}`", "", "", r["step_shape"]])
-        else:
-            rows.append([label, f"{r['loader_images_per_s']:,.0f}",
-                         f"{r['step_images_per_s']:,.1f}", f"{r['loader_over_step']:.1f}",
-                         r["step_shape"]])
-    ratios = "; ".join(f"`{k}` = {fmt(d.get(k))}" for k in ("device_loader_over_pil_per_core",
-                                                          "device_recipe_over_pil_per_core"))
+    rows = [[name if r["default"] else f"*{name}*",
+             *([f"fails: `{r['error']}`", "", ""] if "error" in r else
+               [f"{r['loader_images_per_s']:,.0f}", f"{r['step_images_per_s']:,.1f}",
+                f"{r['loader_over_step']:.1f}"]), r["step_shape"]]
+            for name, r in d["loaders"].items()]
     return [f"Train loaders at their defaults (augmenting, `num_workers=0`): the first "
             f"{d['batches_per_pass']} batches of a fresh pass, in rounds with the bare step on "
             "fixed batches of each shape; ratio = median of paired ratios. Figure = the minimum "
-            "over default loaders (italic rows are not defaults); limiting: "
-            f"**{d['limited_by']}**.", "",
+            f"over default loaders (italic rows are not); limiting: **{d['limited_by']}**. "
+            "On device against PIL: both the data module's own loader, `--data.on_device true` "
+            "against `false`; with workers PIL scales by their count.", "",
             *table(["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows),
-            "", f"On-device CIFAR-10 over PIL on one core: {ratios} (both the data module's own "
-            "loader, `--data.on_device true` against `false`; with workers PIL scales by their "
-            "count).", ""]
+            ""]
 
 
 def loader_profile(bench: Bench, label: str) -> list[dict]:
     """cProfile of four batches of the loader ``label``: its per-image Python work."""
-    device = label.startswith(ON_DEVICE)
+    device, plan = label.startswith(ON_DEVICE), bench.plan
     name = "cifar10" if device else label
-    plan = bench.plan
     options = {"num_samples": 8 * plan.train.batch_size} if name == "synthetic" else {}
     loader = data_module(name, plan.train.batch_size, bench.root, on_device=device,
                          **options).train_dataloader()

@@ -1,26 +1,25 @@
-"""The training loops the sections time, and the references timed beside them.
+"""The loops the sections time, and the references timed beside them.
 
-``Interleave`` runs inside a ``Trainer.fit``: at the end of every window of Lightning steps it
-pauses the fit and times one window of each reference (the bare loop with the same model, data,
-optimizer and precision; timm's stock ViT; the matmul peak), so every pair is A B A B in one fit.
-Every window starts at the end of one step and ends at the end of a later one, so it holds the
-same work on both sides: fetching the batch, the step, and whatever the loop does between steps.
+``Interleave`` runs inside a ``Trainer.fit``: after every window of Lightning steps it pauses the
+fit and times one window of each reference (the bare loop with the same model, data, optimizer
+and precision; timm's stock ViT; the matmul peak), so every pair is A B A B in one fit. A window
+starts and ends at a step's end, so both sides hold the same work: the fetch, the step, and
+whatever the loop does between steps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
-import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
-from pytorch_lightning import Callback, LightningModule, Trainer
+from pytorch_lightning import Callback, Trainer
 from timm.models.vision_transformer import VisionTransformer
 from timm.optim import create_optimizer_v2
 
@@ -31,25 +30,24 @@ from vitdepth.models import build_vit
 
 LABEL_SMOOTHING = 0.1  # ViTClassifier's default, used by the bare loop too
 LR, WEIGHT_DECAY = 1e-3, 0.05
+LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric")
 
 
 @contextlib.contextmanager
 def quiet_lightning() -> Iterator[None]:
     """Silence Lightning's banner lines and the warnings a benchmark triggers on purpose
     (num_workers=0, limit_val_batches=0, an iterable instead of a DataLoader)."""
-    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning_fabric")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
+    levels = {name: logging.getLogger(name).level for name in LIGHTNING_LOGGERS}
     try:
         with warnings.catch_warnings():
-            for module in ("pytorch_lightning", "lightning_fabric"):
-                warnings.filterwarnings("ignore", module=module)
+            for name in LIGHTNING_LOGGERS:
+                logging.getLogger(name).setLevel(logging.ERROR)
+                warnings.filterwarnings("ignore", module=name)
             warnings.filterwarnings("ignore", message=".*does not have many workers.*")
             yield
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def autocast_for(precision: str,
@@ -69,8 +67,7 @@ def classifier(shape: StepShape, compile: bool = False, seed: int = 0) -> ViTCla
 
 
 def stock_timm(model: torch.nn.Module, shape: StepShape) -> VisionTransformer:
-    """timm's stock ``VisionTransformer`` holding the same weights as ``model`` (a strict load:
-    our ``full`` ViT has exactly timm's parameters and names)."""
+    """timm's stock ViT with ``model``'s weights (strict: our ``full`` ViT has timm's names)."""
     stock = VisionTransformer(**shape.model_kwargs())
     stock.load_state_dict(model.state_dict())
     return stock
@@ -93,8 +90,7 @@ class BareLoop:
         self.forward = torch.compile(self.model) if compile else self.model
         self.optimizer = create_optimizer_v2(self.model, opt="adamw", lr=LR,
                                              weight_decay=WEIGHT_DECAY)
-        self.autocast = autocast_for(precision, device)
-        self.device = device
+        self.autocast, self.device = autocast_for(precision, device), device
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -105,24 +101,31 @@ class BareLoop:
 
     def side(self, loader: Iterable, windows: Windows) -> Callable[[], float]:
         """One window of steps on ``loader``'s batches (fetch included) per call."""
-        batches, device = endless(loader), self.device
+        batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
 
         def fetch_and_step() -> None:
             images, labels = next(batches)
-            self.step(images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
+            self.step(images.to(self.device, non_blocking=True),
+                      labels.to(self.device, non_blocking=True))
 
         return lambda: window(fetch_and_step, windows.calls, windows.warmup,
-                              synchronizer(device))
+                              synchronizer(self.device))
 
 
-def endless(loader: Iterable) -> Iterator:
-    while True:
-        yield from loader
+def step_side(shape: StepShape, plan: Plan) -> Callable[[], float]:
+    """A window of bare training steps on one fixed random batch of ``shape`` per call."""
+    device = torch.device(plan.device)
+    torch.manual_seed(0)
+    loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision)
+    images, labels = random_batch(shape, device)
+    w = plan.windows
+    return lambda: window(lambda: loop.step(images, labels), w.calls, w.warmup,
+                          synchronizer(device))
 
 
 def matmul_side(plan: Plan) -> Callable[[], float]:
-    """One window of a large square matmul in ``plan.matmul_dtype``: the practical peak. The
-    window's seconds are per matmul of ``2 n^3`` FLOPs."""
+    """One window of a square matmul of ``2 n^3`` FLOPs in ``plan.matmul_dtype``, the practical
+    peak; seconds per matmul."""
     device = torch.device(plan.device)
     a, b = (torch.randn(plan.matmul_n, plan.matmul_n, device=device,
                         dtype=getattr(torch, plan.matmul_dtype)) for _ in range(2))
@@ -185,96 +188,9 @@ def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (), compi
     references = {name: BareLoop(model, device, plan.precision, compile).side(loader, windows)
                   for name, model in models.items()}
     clock = Interleave({**references, "matmul": matmul_side(plan)}, windows, device)
-    trainer = lightning_trainer(plan, windows.steps, [*callbacks, clock], root)
-    trainer.fit(module, datamodule=datamodule)
+    lightning_trainer(plan, windows.steps, [*callbacks, clock], root).fit(module,
+                                                                          datamodule=datamodule)
     return clock.timings
-
-
-class OneLinear(LightningModule):
-    """Lightning's own floor: one Linear layer on the flattened images, nothing logged, the
-    optimizer and loss of ``ViTClassifier``."""
-
-    def __init__(self, shape: StepShape) -> None:
-        super().__init__()
-        pixels = shape.in_chans * shape.img_size ** 2
-        self.model = torch.nn.Sequential(torch.nn.Flatten(),
-                                         torch.nn.Linear(pixels, shape.num_classes))
-
-    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        images, labels = batch
-        return F.cross_entropy(self.model(images), labels, label_smoothing=LABEL_SMOOTHING)
-
-    def configure_optimizers(self):
-        return create_optimizer_v2(self.model, opt="adamw", lr=LR, weight_decay=WEIGHT_DECAY)
-
-
-@contextlib.contextmanager
-def offline_wandb() -> Iterator[None]:
-    """W&B offline, as a fit on a machine without a key logs; afterwards the W&B run is finished
-    (the next fit in this process would join it) and this process's W&B settings put back."""
-    saved = {key: os.environ.get(key) for key in ("WANDB_MODE", "WANDB_SILENT", "WANDB_SERVICE")}
-    try:
-        yield
-    finally:
-        if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
-            sys.modules["wandb"].finish()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def full_stack_argv(plan: Plan, shape: StepShape, steps: int) -> list[str]:
-    """``vitdepth fit`` at ``shape`` on synthetic data whose one epoch holds all ``steps``, so no
-    epoch-end work (validation, probe, checkpoint) falls inside a window; progress bar off."""
-    images = int(shape.batch_size * (steps + 2) / 0.8) + 1
-    options = {"model.embed_dim": shape.embed_dim, "model.depth": shape.depth,
-               "model.num_heads": shape.num_heads, "model.patch_size": shape.patch_size,
-               "data.dataset": "synthetic", "data.img_size": shape.img_size,
-               "data.in_chans": shape.in_chans, "data.num_samples": images,
-               "data.batch_size": shape.batch_size, "data.on_device": "false",
-               "rank_collapse.probe_size": min(plan.probe_size, images // 5),
-               "trainer.max_steps": steps, "trainer.enable_progress_bar": "false",
-               "trainer.accelerator": "gpu" if plan.device == "cuda" else "cpu",
-               "trainer.devices": 1, "trainer.precision": plan.precision,
-               "trainer.enable_model_summary": "false"}
-    return ["fit", *(arg for key, value in options.items() for arg in (f"--{key}", str(value)))]
-
-
-def stack_and_floor(plan: Plan, root: str) -> dict[str, dict[str, Timing]]:
-    """Two fits at ``plan.overhead``, each with its bare loop timed between its windows:
-    ``vitdepth fit``'s full stack (ViTClassifier, RankCollapse, Preemption, the divergence check,
-    the CSV and W&B loggers, checkpointing) and ``OneLinear`` under a lean Trainer."""
-    from vitdepth.lit.cli import build_run
-
-    device, windows = torch.device(plan.device), plan.overhead_windows
-    with offline_wandb():
-        cli = build_run(full_stack_argv(plan, plan.overhead, windows.steps), f"{root}/runs",
-                        wandb_mode="offline")
-        cli.datamodule.setup("fit")
-        loader = cli.datamodule.train_dataloader()
-        stack = Interleave({"bare": BareLoop(copy.deepcopy(cli.model.model), device,
-                                             plan.precision).side(loader, windows)}, windows, device)
-        cli.trainer.callbacks.append(stack)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    floor_module = OneLinear(plan.overhead)
-    bare = BareLoop(copy.deepcopy(floor_module.model), device, plan.precision)
-    floor = Interleave({"bare": bare.side(loader, windows)}, windows, device)
-    lightning_trainer(plan, windows.steps, [floor], root).fit(floor_module,
-                                                               datamodule=cli.datamodule)
-    return {"stack": stack.timings, "floor": floor.timings}
-
-
-def step_side(shape: StepShape, plan: Plan) -> Callable[[], float]:
-    """A window of bare training steps on one fixed random batch of ``shape`` per call."""
-    device = torch.device(plan.device)
-    torch.manual_seed(0)
-    loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision)
-    images, labels = random_batch(shape, device)
-    w = plan.windows
-    return lambda: window(lambda: loop.step(images, labels), w.calls, w.warmup,
-                          synchronizer(device))
 
 
 def step_profile(plan: Plan, which: str = "ours", compile: bool = False) -> dict:

@@ -1,16 +1,15 @@
-"""What the benchmark measures, and at which sizes, for a device and mode (full or ``--quick``).
+"""What the benchmark measures, at which sizes, for a device and mode (full or ``--quick``).
 
 Full CPU sizes follow the issues: a width-192 ViT at batch 128 for training, depth 12 / width 192
 / 256 images for the metric cost and the probe, and for the per-step overhead a model whose bare
-CPU step takes about a millisecond, as a GPU's step does, so host costs per step show at the scale
-they have there. On CUDA the training model is ViT-S/4 (width 384, depth 12) at batch 1024, the
-shape of the H200 MFU target. ``--quick`` shrinks everything so the run takes seconds; its
-numbers only show that the code works.
+CPU step takes about a millisecond, as a GPU's does, so host costs per step show at their GPU
+scale. On CUDA training is ViT-S/4 at batch 1024, the H200 MFU target's shape. ``--quick``
+shrinks everything to seconds; its numbers only show that the code works.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -88,9 +87,6 @@ class Plan:
     cifar_per_batch: int  # images in each of the fake CIFAR-10 batch files (5 train + 1 test)
     matmul_n: int
     matmul_dtype: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def make_plan(device: str, quick: bool) -> Plan:

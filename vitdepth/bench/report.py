@@ -1,6 +1,6 @@
 """The report, a formatter of results: bench.json (everything), bench.md (every figure beside its
 target and verdict, the machine and its load, each section's part, a profile for each miss) and
-scaling.png. The sections say what their figures are; this module only lays them out.
+scaling.png.
 
 A verdict needs an idle machine: other processes' load moves the two sides of a comparison
 apart, so where more than ``BUSY_PER_CORE`` of each core was busy with other work at the start
@@ -9,6 +9,7 @@ or the end, no figure is marked PASS or MISS.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from vitdepth.bench import scaling
@@ -18,19 +19,15 @@ from vitdepth.rundir import atomic_write_json, atomic_write_text
 
 BUSY_PER_CORE = 0.5
 GLIBC_ADVICE = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296"
-
-
-def busy(meta: dict) -> bool:
-    """Other processes kept more than ``BUSY_PER_CORE`` of each core busy at start or end."""
-    others = max(meta["busy_cores_start"], meta["busy_cores_end"])
-    return others > BUSY_PER_CORE * meta["hardware"]["cpu_count"]
+SHOWN = {"ERROR": "**ERROR**", "MISS": "**MISS**", "NOT JUDGED": "not judged (busy)"}
 
 
 def write_report(out: Path, results: dict, plan, meta: dict) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    meta = {**meta, "busy": busy(meta)}
+    others = max(meta["busy_cores_start"], meta["busy_cores_end"])
+    meta = {**meta, "busy": others > BUSY_PER_CORE * meta["hardware"]["cpu_count"]}
     figs = evaluate(results, plan, meta["busy"])
-    document = {**meta, "plan": plan.as_dict(), "figures": figs, "results": results}
+    document = {**meta, "plan": dataclasses.asdict(plan), "figures": figs, "results": results}
     paths = [out / "bench.json", out / "bench.md", out / "scaling.png"]
     atomic_write_json(paths[0], document)
     atomic_write_text(paths[1], markdown(figs, results, plan, meta))
@@ -38,18 +35,13 @@ def write_report(out: Path, results: dict, plan, meta: dict) -> list[Path]:
     return paths
 
 
-def _verdict(f: dict) -> str:
-    return {"ERROR": "**ERROR**", "MISS": "**MISS**", "NOT JUDGED": "not judged (busy)"}.get(
-        f["verdict"], f["verdict"])
-
-
 def _target(f: dict) -> str:
     return "—" if f["op"] is None else f"{f['op']} {fmt(float(f['target']))}"
 
 
 def markdown(figs: dict, results: dict, plan, meta: dict) -> str:
-    rows = [[f"`{name}`", fmt(f["value"]), _target(f), _verdict(f), f"({f['section']}) {f['what']}"]
-            for name, f in figs.items()]
+    rows = [[f"`{name}`", fmt(f["value"]), _target(f), SHOWN.get(f["verdict"], f["verdict"]),
+             f"({f['section']}) {f['what']}"] for name, f in figs.items()]
     errors = [f"- `{name}` = {fmt(f['value'])}: {f['error']}" for name, f in figs.items()
               if f["error"]]
     lines = [*header(plan, meta), "## Figures", "",
@@ -71,28 +63,24 @@ def section_lines(section: Section, results: dict, plan) -> list[str]:
 
 
 def header(plan, meta: dict) -> list[str]:
+    git = meta["git"]
+    commit = (f"git {git['commit'][:10]}" + (" with uncommitted changes" if git["dirty"] else "")
+              if git else "not a git checkout")
     lines = [f"# vitdepth bench: {meta['title']}", ""]
     if plan.quick:
         lines += ["**Quick mode**: tiny sizes and few repeats; the numbers only show that the "
                   "code runs. Targets are for the full benchmark.", ""]
-    cpus = meta["hardware"]["cpu_count"]
-    load = (f"- Load average (1 min) at start / end: {meta['load_start']} / {meta['load_end']} "
-            f"on {cpus} logical CPUs (the end counts the benchmark's own threads); cores kept "
-            f"busy by other processes, sampled with the benchmark idle: "
-            f"{meta['busy_cores_start']:.2f} / {meta['busy_cores_end']:.2f}")
     lines += [f"- Command: `{meta['command']}`",
-              f"- When: {meta['started']} ({meta['wall_s']:.0f} s); {_git(meta['git'])}", load, ""]
+              f"- When: {meta['started']} ({meta['wall_s']:.0f} s); {commit}",
+              f"- Load average (1 min) at start / end: {meta['load_start']} / {meta['load_end']} "
+              f"on {meta['hardware']['cpu_count']} logical CPUs (the end counts the benchmark's "
+              "own threads); cores kept busy by other processes, sampled with the benchmark "
+              f"idle: {meta['busy_cores_start']:.2f} / {meta['busy_cores_end']:.2f}", ""]
     if meta["busy"]:
         lines += [f"**Busy machine**: other processes kept more than {BUSY_PER_CORE} of each "
                   "core busy at the start or the end, so no figure is marked PASS or MISS "
                   "(their values are below, unjudged); rerun on an idle machine.", ""]
     return lines
-
-
-def _git(state: dict | None) -> str:
-    if not state:
-        return "not a git checkout"
-    return f"git {state['commit'][:10]}" + (" with uncommitted changes" if state["dirty"] else "")
 
 
 def machine_section(meta: dict, plan) -> list[str]:
@@ -123,17 +111,14 @@ def misses_section(figs: dict, results: dict, plan) -> list[str]:
         lines += [f"### `{name}` = {fmt(figs[name]['value'])} (target {_target(figs[name])})", "",
                   f"Cause: {causes[name]}", ""]
         for profile in results.get("profiles", {}).get(name, []):
-            lines += profile_table(profile)
+            total = f", total {profile['total_ms']:.1f} ms" if "total_ms" in profile else ""
+            lines += [f"Profile: {profile['title']} ({profile['tool']}, by "
+                      f"{profile['sorted_by']}{total})", "", *profile_table(profile["rows"]), ""]
     return lines
 
 
-def profile_table(profile: dict) -> list[str]:
-    rows = profile["rows"]
-    total = f", total {profile['total_ms']:.1f} ms" if "total_ms" in profile else ""
-    lines = [f"Profile: {profile['title']} ({profile['tool']}, by {profile['sorted_by']}{total})",
-             ""]
+def profile_table(rows: list[dict]) -> list[str]:
     if not rows:
-        return lines + ["(no rows)", ""]
-    cells = [[f"{v:.1%}" if k == "share" else f"`{v}`" if isinstance(v, str) else fmt(v)
-              for k, v in row.items()] for row in rows]
-    return lines + table(list(rows[0]), cells) + [""]
+        return ["(no rows)"]
+    return table(list(rows[0]), [[f"{v:.1%}" if k == "share" else f"`{v}`" if isinstance(v, str)
+                                  else fmt(v) for k, v in row.items()] for row in rows])

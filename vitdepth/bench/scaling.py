@@ -1,5 +1,5 @@
-"""How the metric cost grows with depth, tokens and batch, one factor varied at a time around
-``plan.sweep_base``: exponents fitted by least squares in log-log, their table and scaling.png."""
+"""c's sweep: the metric cost with one of depth, tokens and batch varied around
+``plan.sweep_base``, exponents fitted by least squares in log-log; their table and scaling.png."""
 
 from __future__ import annotations
 
@@ -22,13 +22,8 @@ FIGURES = tuple(Figure(f"metric_exponent_{factor}", source=("scaling", factor, "
                 for factor in FACTORS)
 
 
-def fit_power_law(xs: list[float], seconds: list[float]) -> dict:
-    """Least squares of log t = log a + k log x: the exponent k and the prefactor a."""
-    slope, intercept = np.polyfit(np.log(xs), np.log(seconds), 1)
-    return {"exponent": float(slope), "prefactor": float(math.exp(intercept))}
-
-
 def sweep(plan: Plan, seconds: Callable[[StepShape], float]) -> dict:
+    """Seconds at each point, and the least squares of log t = log a + k log x."""
     base = plan.sweep_base
     shapes = {"depth": [dataclasses.replace(base, depth=d) for d in plan.sweep_depths],
               "tokens": [dataclasses.replace(base, img_size=s) for s in plan.sweep_img_sizes],
@@ -36,7 +31,9 @@ def sweep(plan: Plan, seconds: Callable[[StepShape], float]) -> dict:
     out = {"base": base.label()}
     for factor, x_of in FACTORS.items():
         xs, times = [x_of(s) for s in shapes[factor]], [seconds(s) for s in shapes[factor]]
-        out[factor] = {"x": xs, "seconds": times, **fit_power_law(xs, times)}
+        slope, intercept = np.polyfit(np.log(xs), np.log(times), 1)
+        out[factor] = {"x": xs, "seconds": times, "exponent": float(slope),
+                       "prefactor": float(math.exp(intercept))}
     return out
 
 

@@ -38,10 +38,11 @@ def evaluate(results: dict, plan: Plan, busy: bool) -> dict[str, dict]:
 
 
 def measure(plan: Plan, root: Path) -> dict:
-    """Every section in order; a section that raises is recorded in ``results["errors"]`` (and
-    those that need it are not run) while the rest still run, so a long benchmark is never lost
-    to one failure."""
-    seed_everything(0)
+    """Every section in order; one that raises is recorded in ``results["errors"]`` (and those
+    that need it are not run) while the rest still run, so one failure never loses a run."""
+    random.seed(0)  # RandAugment draws its ops and magnitudes from Python's random
+    np.random.seed(0)
+    torch.manual_seed(0)
     bench = Bench(plan, root)
     errors = bench.results["errors"]
     by_key = {s.key: s for s in sections(plan)}
@@ -64,20 +65,11 @@ def _run(bench: Bench, key: str, measure, what: str) -> None:
         log(f"{what} failed: {message}\n{traceback.format_exc()}")
 
 
-def seed_everything(seed: int) -> None:
-    """Python's ``random`` too: RandAugment draws its ops and magnitudes from it."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def profile_misses(bench: Bench) -> dict[str, list[dict]]:
     """A profile for every figure whose value misses its target, busy machine or not."""
-    profiles = {}
-    for section in sections(bench.plan):
-        for figure in section.figures:
-            value = figure.value(bench.results.get(section.key))
-            if figure.met(value) is False and figure.profile is not None:
-                log(f"profile: {figure.name} misses its target")
-                profiles[figure.name] = figure.profile(bench)
+    judged, profiles = evaluate(bench.results, bench.plan, busy=False), {}
+    for figure in figures(bench.plan):
+        if judged[figure.name]["met"] is False and figure.profile is not None:
+            log(f"profile: {figure.name} misses its target")
+            profiles[figure.name] = figure.profile(bench)
     return profiles

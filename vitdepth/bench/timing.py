@@ -1,11 +1,9 @@
 """The one clock of every bench figure: windows of calls, rounds that interleave the sides of a
 comparison, paired medians, and profiles for figures that miss.
 
-A side is timed in windows of several calls, so one slow call moves a window, not the figure. A
-figure that compares a side with its reference (a training step with the bare loop, a step's FLOP
-rate with the matmul peak, the metrics with their spectra) times them in rounds, A B A B ..., and
-is the median over rounds of each round's ratio or difference: load that comes and goes hits both
-sides of a pair alike, where two medians taken minutes apart would each see other load. On CUDA
+A side is timed in windows of several calls, so one slow call moves a window, not the figure. The
+sides of a comparison run in rounds, A B A B ..., and the figure is the median over rounds of each
+round's ratio or difference: load that comes and goes hits both sides of a pair alike. On CUDA
 the clock synchronises at window edges only, so the host keeps queueing work inside a window.
 """
 
@@ -110,8 +108,7 @@ def top_ops(fn: Callable[[], object], device: str = "cpu", rows: int = 8) -> dic
 def top_functions(fn: Callable[[], object], rows: int = 8, sort: str = "tottime",
                   where: str = "") -> dict:
     """Run ``fn`` once under cProfile; the functions (in files whose path holds ``where``) with
-    the most own (``tottime``) or cumulative (``cumtime``) time: Python-level costs, which
-    torch.profiler does not see."""
+    the most own or cumulative time: Python-level costs, which torch.profiler does not see."""
     profiler = cProfile.Profile()
     profiler.runcall(fn)
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tottime, cumtime, _)}

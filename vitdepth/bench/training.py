@@ -1,19 +1,27 @@
-"""a. Training: ``ViTClassifier`` under Lightning against the bare loop and our ``full`` block
-against timm's stock ``Block``, at the training shape; and at a tiny shape, whose bare step takes
-about as long as a GPU's, the milliseconds a step that ``vitdepth fit``'s whole stack adds to its
-bare loop, next to those a trivial LightningModule adds (Lightning's own floor).
-
-The training shape's fit carries b's probe (it has no per-step hooks) and times e's matmul peak
-between its windows, so a, b and e read one fit.
-"""
+"""a. ``ViTClassifier`` under Lightning against the bare loop, and our ``full`` block against
+timm's stock ``Block``, in one fit that also carries b's probe and times e's matmul peak; then, at
+a tiny shape whose bare CPU step takes about as long as a GPU's, the milliseconds a step that
+``vitdepth fit``'s stack adds to its bare loop, against those a trivial LightningModule adds."""
 
 from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import sys
+from collections.abc import Iterator
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+from pytorch_lightning import LightningModule
+from timm.optim import create_optimizer_v2
 
 from vitdepth.bench import loaders, loops
 from vitdepth.bench.callback import ProbeClock
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
-from vitdepth.bench.plan import Plan
-from vitdepth.bench.timing import paired_difference, paired_ratio, top_functions
+from vitdepth.bench.plan import Plan, StepShape
+from vitdepth.bench.timing import Timing, paired_difference, paired_ratio, top_functions
 from vitdepth.callbacks import RankCollapseCallback
 
 LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop, our `full` ViT",
@@ -21,17 +29,89 @@ LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop,
 FITS = {"stack": "`vitdepth fit`'s stack", "floor": "OneLinear, lean Trainer"}
 
 
+class OneLinear(LightningModule):
+    """Lightning's own floor: one Linear layer on the flattened images, nothing logged, the
+    optimizer and loss of ``ViTClassifier``."""
+
+    def __init__(self, shape: StepShape) -> None:
+        super().__init__()
+        pixels = shape.in_chans * shape.img_size ** 2
+        self.model = torch.nn.Sequential(torch.nn.Flatten(),
+                                         torch.nn.Linear(pixels, shape.num_classes))
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        return F.cross_entropy(self.model(images), labels, label_smoothing=loops.LABEL_SMOOTHING)
+
+    def configure_optimizers(self):
+        return create_optimizer_v2(self.model, opt="adamw", lr=loops.LR,
+                                   weight_decay=loops.WEIGHT_DECAY)
+
+
+@contextlib.contextmanager
+def offline_wandb() -> Iterator[None]:
+    """W&B offline, as a fit on a machine without a key logs; afterwards the W&B run is finished
+    (the next fit in this process would join it) and the environment put back."""
+    with mock.patch.dict(os.environ):
+        try:
+            yield
+        finally:
+            if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+                sys.modules["wandb"].finish()
+
+
+def full_stack_argv(plan: Plan, steps: int) -> list[str]:
+    """``vitdepth fit`` at ``plan.overhead`` on synthetic data whose one epoch holds all
+    ``steps``, so no epoch-end work (validation, probe, checkpoint) falls inside a window."""
+    shape = plan.overhead
+    images = int(shape.batch_size * (steps + 2) / 0.8) + 1
+    options = {"model.embed_dim": shape.embed_dim, "model.depth": shape.depth,
+               "model.num_heads": shape.num_heads, "model.patch_size": shape.patch_size,
+               "data.dataset": "synthetic", "data.img_size": shape.img_size,
+               "data.in_chans": shape.in_chans, "data.num_samples": images,
+               "data.batch_size": shape.batch_size, "data.on_device": "false",
+               "rank_collapse.probe_size": min(plan.probe_size, images // 5),
+               "trainer.max_steps": steps, "trainer.enable_progress_bar": "false",
+               "trainer.accelerator": "gpu" if plan.device == "cuda" else "cpu",
+               "trainer.devices": 1, "trainer.precision": plan.precision,
+               "trainer.enable_model_summary": "false"}
+    return ["fit", *(arg for key, value in options.items() for arg in (f"--{key}", str(value)))]
+
+
+def stack_and_floor(plan: Plan, root: str) -> dict[str, dict[str, Timing]]:
+    """Two fits at ``plan.overhead``, each with its bare loop timed between its windows:
+    ``vitdepth fit``'s full stack (RankCollapse, Preemption, the divergence check, the CSV and
+    W&B loggers, checkpointing) and ``OneLinear`` under a lean Trainer, on the same data."""
+    from vitdepth.lit.cli import build_run
+
+    device, windows = torch.device(plan.device), plan.overhead_windows
+    with offline_wandb():
+        cli = build_run(full_stack_argv(plan, windows.steps), f"{root}/runs", wandb_mode="offline")
+        cli.datamodule.setup("fit")
+        loader = cli.datamodule.train_dataloader()
+        bare = loops.BareLoop(copy.deepcopy(cli.model.model), device, plan.precision)
+        stack = loops.Interleave({"bare": bare.side(loader, windows)}, windows, device)
+        cli.trainer.callbacks.append(stack)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    floor_module = OneLinear(plan.overhead)
+    bare = loops.BareLoop(copy.deepcopy(floor_module.model), device, plan.precision)
+    floor = loops.Interleave({"bare": bare.side(loader, windows)}, windows, device)
+    trainer = loops.lightning_trainer(plan, windows.steps, [floor], root)
+    trainer.fit(floor_module, datamodule=cli.datamodule)
+    return {"stack": stack.timings, "floor": floor.timings}
+
+
 def measure(bench: Bench) -> dict:
     plan = bench.plan
     bench.data = loaders.training_data(plan, bench.root)
     log(f"a/b/e: Lightning vs bare loop vs timm vs matmul, {plan.windows.rounds} rounds "
         f"({plan.train.label()})")
-    probe = RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size)
-    probes = ProbeClock(probe, plan.device)
-    bench.loops = t = loops.compare_loops(plan, bench.data, str(bench.root), [probe])
+    probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size),
+                        plan.device)
+    bench.loops = t = loops.compare_loops(plan, bench.data, str(bench.root), [probes.callback])
     bench.probes = probes.results()
     log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
-    fits = loops.stack_and_floor(plan, str(bench.root / "overhead"))
+    fits = stack_and_floor(plan, str(bench.root / "overhead"))
     overhead, floor = (1e3 * paired_difference(fits[k]["lightning"], fits[k]["bare"])
                        for k in FITS)
     return {"shape": plan.train.label(), "precision": plan.precision,
@@ -52,23 +132,16 @@ def render(a: dict, plan: Plan) -> list[str]:
              f"{a['timings'][name]['spread']:.0%}"] for name, label in LOOPS.items()]
     fits = [[FITS[fit], 1e3 * t["lightning"]["median_s"], 1e3 * t["bare"]["median_s"]]
             for fit, t in a["overhead_timings"].items()]
-    return [f"Model: {a['shape']}; precision {a['precision']}; AdamW from timm's "
-            "`create_optimizer_v2`; label-smoothed cross-entropy; data: "
-            + ("the device-resident loader." if plan.resident_data else "the synthetic module."),
-            f"One lean fit (`limit_val_batches=0, logger=False, enable_checkpointing=False`, "
-            f"RankCollapseCallback at its defaults); {w.rounds} rounds of {w.calls} steps after "
-            f"{w.warmup} warm-up steps, the bare loops and e's matmul timed between them; ratios "
-            "are medians over rounds of each round's ratio.", "",
-            *table(["loop", "images/s", "ms/step", "spread"], rows), "",
+    data = "the device-resident loader" if plan.resident_data else "the synthetic module"
+    return [f"Model: {a['shape']}; precision {a['precision']}; timm's AdamW; label-smoothed "
+            f"cross-entropy; data: {data}. One lean fit, {w.rounds} rounds of {w.calls} steps "
+            f"after {w.warmup} warm-up steps, the bare loops and e's matmul timed between them.",
+            "", *table(["loop", "images/s", "ms/step", "spread"], rows), "",
             f"**Per-step overhead** at {a['overhead_shape']}: {o.rounds} rounds of {o.calls} "
-            "steps, each fit with its own bare loop (same weights, data and optimizer) timed "
-            "between its windows. `vitdepth fit`: the run directory's stack as `vitdepth fit` "
-            "builds it (CSV and offline W&B loggers, RankCollapse, Preemption, checkpointing, "
-            "log_every_n_steps 10) with the progress bar off; one epoch holds the fit.", "",
-            *table(["fit", "Lightning ms/step", "bare ms/step"], fits), "",
-            f"Overhead = median of paired differences: `vitdepth fit` "
-            f"{a['step_overhead_ms']:.3f} ms, Lightning's floor {a['lightning_floor_ms']:.3f} ms "
-            "per step.", ""]
+            "steps, each fit with its own bare loop timed between its windows; `vitdepth fit` "
+            "builds its whole stack (CSV and offline W&B loggers, callbacks, checkpointing) with "
+            "the progress bar off. Overhead = median of paired differences.", "",
+            *table(["fit", "Lightning ms/step", "bare ms/step"], fits), ""]
 
 
 def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
@@ -88,20 +161,21 @@ def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
 
 
 def overhead_profile(bench: Bench) -> list[dict]:
-    """cProfile of the full stack's fit at the tiny shape: our functions by cumulative time (what
-    each hook, log call and logger costs), then every function by own time."""
-    plan = bench.plan
+    """cProfile of the full stack's fit: our functions by cumulative time (what each hook, log
+    call and logger costs), then every function by own time."""
     from vitdepth.lit.cli import build_run
 
+    plan, steps = bench.plan, bench.plan.overhead_windows.steps
+
     def fit() -> None:
-        with loops.offline_wandb():
-            argv = loops.full_stack_argv(plan, plan.overhead, plan.overhead_windows.steps)
-            cli = build_run(argv, str(bench.root / "profile"), wandb_mode="offline")
+        with offline_wandb():
+            cli = build_run(full_stack_argv(plan, steps), str(bench.root / "profile"),
+                            wandb_mode="offline")
             cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
-    title = f"`vitdepth fit`, {plan.overhead_windows.steps} steps at {plan.overhead.label()}"
-    return [{"title": f"{title}: vitdepth's functions", **top_functions(fit, 12, "cumtime",
-                                                                         "vitdepth")},
+    title = f"`vitdepth fit`, {steps} steps at {plan.overhead.label()}"
+    return [{"title": f"{title}: vitdepth's functions",
+             **top_functions(fit, 12, "cumtime", "vitdepth")},
             {"title": f"{title}: every function", **top_functions(fit, 12)}]
 
 
@@ -109,24 +183,21 @@ SECTION = Section(
     "a", "Lightning vs a bare loop; our block vs timm's; per-step overhead", measure=measure,
     render=render,
     figures=(
-        Figure("ours_over_bare",
-               what="images/s of ViTClassifier under a lean Lightning Trainer / the bare loop",
-               op=">=", target=0.97, profile=hook_profile,
-               cause="Lightning's work between steps is per step and independent of the model, "
-               "so it weighs most for small models; the hook profile shows where it goes."),
-        Figure("block_over_timm",
-               what="bare-loop images/s with our `full` block / with timm's stock `Block`",
+        Figure("ours_over_bare", what="images/s of ViTClassifier under a lean Trainer / the "
+               "bare loop", op=">=", target=0.97, profile=hook_profile,
+               cause="Lightning's per-step work, independent of the model, so it weighs most "
+               "for small models; the hook profile shows where it goes."),
+        Figure("block_over_timm", what="bare-loop images/s, our `full` block / timm's `Block`",
                op=">=", target=0.98,
                profile=lambda bench: [loops.step_profile(bench.plan, w) for w in ("ours", "timm")],
-               cause="Both run the same operators in the same order (VariantBlock adds a Python "
-               "`_add` call and an `if` per branch); a gap with equal profiles is load noise."),
-        Figure("step_overhead_ms", what="ms a step that `vitdepth fit`'s stack adds to the bare "
+               cause="Both run the same operators in order (VariantBlock adds an `_add` call and "
+               "an `if` per branch); a gap with equal profiles is load noise."),
+        Figure("step_overhead_ms", what="ms a step of `vitdepth fit`'s stack adds to the bare "
                "loop, at a ~1 ms CPU step"),
-        Figure("lightning_floor_ms", what="ms a step that a one-Linear LightningModule adds to "
-               "its bare loop (Lightning's floor), same data"),
+        Figure("lightning_floor_ms", what="ms a step of a one-Linear LightningModule adds to its "
+               "bare loop (Lightning's floor)"),
         Figure("step_overhead_over_floor", what="`step_overhead_ms` / `lightning_floor_ms`",
                op="<=", target=1.5, profile=overhead_profile,
-               cause="Per-step host work of our stack beyond Lightning's loop: self.log calls "
-               "(each moves its result object to the device), callbacks with per-batch hooks, "
-               "loggers' writes; the cProfile of the fit shows which."),
+               cause="Our stack's per-step host work beyond Lightning's loop (self.log calls, "
+               "per-batch callback hooks, logger writes); the fit's cProfile shows which."),
     ))
