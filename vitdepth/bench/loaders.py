@@ -30,7 +30,7 @@ RECIPE_AUGMENT = {"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.25}
 RECIPE = f"recipe: {RECIPE_AUGMENT['auto_augment']}, re_prob {RECIPE_AUGMENT['re_prob']}"
 
 
-def write_fake_cifar10(root: Path, per_batch: int, seed: int = 0) -> Path:
+def write_fake_cifar10(root: Path, per_batch: int, seed: int = 0) -> None:
     """CIFAR-10's python format (pickled dicts, uint8 rows of R, G, B planes), random pixels."""
     folder = Path(root) / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,6 @@ def write_fake_cifar10(root: Path, per_batch: int, seed: int = 0) -> Path:
         (folder / name).write_bytes(pickle.dumps(batch))
     meta = {"label_names": [f"class{i}" for i in range(10)]}
     (folder / "batches.meta").write_bytes(pickle.dumps(meta))
-    return Path(root)
 
 
 @contextlib.contextmanager
@@ -147,11 +146,12 @@ def _over(timings: dict, device: str, pil: str) -> float | None:
 
 
 def render(d: dict, plan: Plan) -> list[str]:
-    rows = [[name if r["default"] else f"*{name}*",
-             *([f"fails: `{r['error']}`", "", ""] if "error" in r else
-               [f"{r['loader_images_per_s']:,.0f}", f"{r['step_images_per_s']:,.1f}",
-                f"{r['loader_over_step']:.1f}"]), r["step_shape"]]
-            for name, r in d["loaders"].items()]
+    rows = []
+    for name, r in d["loaders"].items():
+        rates = ([f"fails: `{r['error']}`", "", ""] if "error" in r else
+                 [f"{r['loader_images_per_s']:,.0f}", f"{r['step_images_per_s']:,.1f}",
+                  f"{r['loader_over_step']:.1f}"])
+        rows.append([name if r["default"] else f"*{name}*", *rates, r["step_shape"]])
     return [f"Train loaders at their defaults (augmenting, `num_workers=0`): the first "
             f"{d['batches_per_pass']} batches of a fresh pass, in rounds with the bare step on "
             "fixed batches of each shape; ratio = median of paired ratios. Figure = the minimum "

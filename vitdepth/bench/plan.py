@@ -30,7 +30,7 @@ class StepShape:
         return (self.img_size // self.patch_size) ** 2 + 1
 
     def model_kwargs(self) -> dict:
-        """Arguments shared by ``build_vit``, ``ViTClassifier`` and timm's ``VisionTransformer``."""
+        """Arguments shared by ``build_vit``, ``ViTClassifier`` and timm's ViT."""
         return dict(depth=self.depth, embed_dim=self.embed_dim, num_heads=self.num_heads,
                     patch_size=self.patch_size, img_size=self.img_size, in_chans=self.in_chans,
                     num_classes=self.num_classes)
