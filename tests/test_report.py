@@ -309,3 +309,12 @@ def test_the_residual_plot_draws_the_floor_of_the_dtype_the_probe_used(tmp_path,
     fig = plots.residual_vs_layer(runs, {"full": "C0"})
     flat = [line.get_ydata() for line in fig.axes[0].get_lines() if line.get_linestyle() == ":"]
     assert [list(y) for y in flat] == [[floor, floor]]
+
+
+def test_every_variant_of_the_full_grid_gets_its_own_colour():
+    from vitdepth.models import VARIANTS
+    from vitdepth.report.plots import variant_colors
+
+    colors = variant_colors(sorted(VARIANTS))
+    assert len(VARIANTS) > 10 and len(set(colors.values())) == len(VARIANTS)
+    assert variant_colors(["full", "pure"]) == {"full": "C0", "pure": "C1"}

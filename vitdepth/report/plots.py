@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -24,7 +25,7 @@ DPI = 120
 
 def render(runs: list[Run], margin: float = 0.5) -> dict[str, bytes]:
     """File name -> PNG bytes for every figure of the report."""
-    colors = {v: f"C{i % 10}" for i, v in enumerate(sorted({r.variant for r in runs}))}
+    colors = variant_colors(sorted({r.variant for r in runs}))
     figures = {
         "acc_vs_depth.png": acc_vs_depth,
         "residual_vs_layer.png": residual_vs_layer,
@@ -34,6 +35,15 @@ def render(runs: list[Run], margin: float = 0.5) -> dict[str, bytes]:
         "init_predictors.png": prediction.figure,
     }
     return {name: png_bytes(draw(runs, colors)) for name, draw in figures.items()}
+
+
+def variant_colors(variants: list[str]) -> dict[str, str]:
+    """One colour per variant: matplotlib's default cycle (10 colours) while it suffices, then
+    tab20's 20 (the full grid has all 11 shipped variants, and a cycle would repeat C0)."""
+    if len(variants) <= 10:
+        return {v: f"C{i}" for i, v in enumerate(variants)}
+    tab20 = matplotlib.colormaps["tab20"]
+    return {v: matplotlib.colors.to_hex(tab20(i % 20)) for i, v in enumerate(variants)}
 
 
 def png_bytes(fig: Figure) -> bytes:
