@@ -57,26 +57,31 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
     undefined and NaN; ``vitdepth.rundir.tokens_vanished`` tells readers why.
 
     The same values as calling each metric, computed with less work: inputs are cast to float64
-    once, both residual norms share one residual, and when N <= C one token Gram matrix X Xᵀ
-    serves the spectrum (effective and stable rank) and the patch-token cosines.
+    once, both residual norms share one residual (its absolute values taken in place), and the
+    squared token norms give token_norm and ||X||_F; when N <= C one token Gram matrix X Xᵀ
+    serves the spectrum (effective and stable rank), the patch-token cosines and, on its
+    diagonal, those squared norms.
     """
     n, c = tokens.shape[-2:]
     nan = torch.full((tokens.shape[0],), float("nan"), dtype=torch.float64, device=tokens.device)
     floor = NORMAL_FLOOR.get(str(tokens.dtype).removeprefix("torch."), 0.0)
     with torch.autocast(tokens.device.type, enabled=False):
         x = tokens.detach().to(torch.float64)  # the metrics' own casts are then no-ops
-        norm = x.norm(dim=-1).mean(-1)
-        vanished = norm < floor
-        res = token_residual(x)
         if n <= c:
             gram = x @ x.transpose(-1, -2)  # (B,N,N)
             s2 = gram_spectrum(gram)
             cosine = token_cosine_of_gram(gram[:, num_prefix_tokens:, num_prefix_tokens:])
+            squared_norms = gram.diagonal(dim1=-2, dim2=-1)  # no pass over X for its norms
         else:
             s2, cosine = squared_singular_values(x), token_cosine(x[:, num_prefix_tokens:])
+            squared_norms = x.square().sum(-1)
+        norm = squared_norms.sqrt().mean(-1)
+        vanished = norm < floor
+        res = token_residual(x)
+        res_fro = torch.linalg.vector_norm(res, dim=(-2, -1))
         scale_free = {
-            "rel_residual": residual_ratio(res, x, "composite"),
-            "rel_residual_fro": residual_ratio(res, x, "fro"),
+            "rel_residual": composite_norm(res.abs_(), absolute=True) / composite_norm(x),
+            "rel_residual_fro": res_fro / squared_norms.sum(-1).sqrt(),
             "effective_rank": effective_rank_of_spectrum(s2),
             "stable_rank": stable_rank_of_spectrum(s2),
             "token_cosine": cosine,
