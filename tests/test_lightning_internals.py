@@ -2,7 +2,9 @@
 upgrade that moves one fails here by name rather than silently changing a run (issue 12, item 4).
 pyproject.toml bounds pytorch-lightning to the range these pass on."""
 
+import csv
 import inspect
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -15,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from vitdepth.data.sampling import EpochSeededSampler, epoch_sampler
 from vitdepth.lit.preemption import Preemption
 from vitdepth.lit.run import BestAndLastCheckpoint
+from vitdepth.lit.step_log import StepLog
 
 SIZE = 8
 
@@ -131,3 +134,58 @@ def test_the_remaining_internals_keep_their_shape():
     assert parameters == ["self", "trainer", "monitor_candidates"]  # vitdepth/lit/run.py
     inner = EpochSeededSampler(SIZE, 0)
     assert DistributedSamplerWrapper(inner, num_replicas=1, rank=0).dataset._sampler is inner  # sampling.py
+
+
+class StepLogged(Tiny):
+    """Logs a tensor, a float and an epoch mean a step, through ``StepLog`` or, with
+    ``plain=True``, through ``self.log`` every step as Lightning documents it."""
+
+    def __init__(self, plain: bool):
+        super().__init__()
+        self.plain, self.step_log = plain, StepLog()
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch).square().mean()
+        lr = 0.1 / (1 + self.global_step)  # a float that float32 rounds
+        if self.plain:
+            self.log("loss_step", loss, on_step=True, on_epoch=False)
+            self.log("lr", lr, on_step=True, on_epoch=False)
+            self.log("loss_epoch", loss, on_step=False, on_epoch=True, batch_size=len(batch))
+        else:
+            self.step_log.step("loss_step", loss)
+            self.step_log.step("lr", lr)
+            self.step_log.epoch_mean("loss_epoch", loss, len(batch))
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if not self.plain:
+            self.step_log.log_step(self)
+
+    def on_train_epoch_end(self):
+        if not self.plain:
+            self.step_log.log_epoch(self)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_step_log_writes_the_rows_self_log_writes(tmp_path, accumulate):
+    """The same metrics.csv, cell for cell, at the same steps (vitdepth/lit/step_log.py calls
+    ``_LoggerConnector.log_metrics`` and Lightning's test for a logging step)."""
+    tables = {}
+    for plain in (True, False):
+        torch.manual_seed(0)
+        logger = pl.loggers.CSVLogger(tmp_path, name=str(plain))
+        trainer = pl.Trainer(max_epochs=3, logger=logger, log_every_n_steps=3,
+                             accumulate_grad_batches=accumulate, enable_progress_bar=False,
+                             enable_checkpointing=False, enable_model_summary=False,
+                             default_root_dir=tmp_path)
+        trainer.fit(StepLogged(plain), train_dataloaders=DataLoader(Keys(), batch_size=1))
+        with open(Path(logger.log_dir) / "metrics.csv") as table:
+            tables[plain] = list(csv.DictReader(table))
+    plain, ours = tables[True], tables[False]
+    assert len(plain) > 6 and [row.keys() for row in ours] == [row.keys() for row in plain]
+    for mine, theirs in zip(ours, plain, strict=True):
+        epoch_mean = mine.pop("loss_epoch"), theirs.pop("loss_epoch")
+        assert mine == theirs  # step, epoch and step values, digit for digit
+        # the epoch mean: summed in float64 here, in float32 by Lightning
+        assert epoch_mean[0] == epoch_mean[1] or float(epoch_mean[0]) == pytest.approx(
+            float(epoch_mean[1]), rel=1e-6)

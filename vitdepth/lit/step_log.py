@@ -6,10 +6,13 @@ A ``LightningModule.log`` call cost 0.3-0.4 ms of host time on a 2-vCPU machine 
 value's device with ``apply_to_collection`` over all its attributes, then updates it); three a
 step were most of what ``vitdepth fit`` added to a 1 ms step, as on a GPU's step. Yet the loggers
 receive a step value only every ``log_every_n_steps`` steps (Lightning's ``should_update_logs``),
-and an epoch mean once an epoch. Here a step value is logged only on the steps whose values
-reach the loggers (every step while a progress bar shows them), and an epoch mean is kept as the
+and an epoch mean once an epoch. Here the step values go as one dict to Lightning's own
+``log_metrics`` on just the steps whose values reach the loggers (so, unlike ``self.log``'s, they
+are not in ``trainer.callback_metrics``; behind a progress bar they go through ``self.log`` every
+step, as the bar shows them), and an epoch mean is kept as the
 steps' detached tensors, on their device, reduced once at the epoch's end into one weighted
-``self.log``: the same numbers in metrics.csv and W&B, and no host read in a step.
+``self.log``: the same step values in metrics.csv and W&B, epoch means summed in float64
+(Lightning sums in float32), and no host read in a step.
 """
 
 from __future__ import annotations
@@ -36,15 +39,22 @@ class StepLog:
         self.epoch.setdefault(name, []).append((value.detach(), batch_size))
 
     def log_step(self, module: LightningModule) -> None:
-        """From ``on_train_batch_end``, after which Lightning decides, as here, whether this
-        step's values reach the loggers (``should_stop`` set in this hook counts)."""
+        """From ``on_train_batch_end``, where Lightning then decides whether this step's values
+        reach the loggers (``should_stop`` set in this hook counts).
+
+        Behind a progress bar every step's values go through ``self.log``, since the bar shows
+        them. Otherwise they go straight to Lightning's own ``log_metrics`` (the loggers, the
+        ``epoch`` column and step, ``trainer.logged_metrics``) on the steps whose values Lightning
+        would send: at about 1 ms each, ``self.log`` calls cost more than the rest of our stack.
+        """
         trainer, latest, self.latest = module.trainer, self.latest, {}
-        if not (trainer._logger_connector.should_update_logs or trainer.progress_bar_callback):
-            return
-        for name, (value, prog_bar) in latest.items():
-            if not isinstance(value, Tensor):
-                value = torch.full((), value, device=module.device)
-            module.log(name, value, on_step=True, on_epoch=False, prog_bar=prog_bar)
+        if trainer.progress_bar_callback:
+            for name, (value, prog_bar) in latest.items():
+                module.log(name, as_tensor(value, module), on_step=True, on_epoch=False,
+                           prog_bar=prog_bar)
+        elif reaches_loggers(trainer):
+            values = {name: as_tensor(value, module) for name, (value, _) in latest.items()}
+            trainer._logger_connector.log_metrics(values)
 
     def log_epoch(self, module: LightningModule) -> None:
         """From ``on_train_epoch_end``: each epoch mean, over all ranks' batches (the sync is
@@ -56,3 +66,16 @@ class StepLog:
             weights = torch.tensor(sizes, dtype=torch.float64, device=values.device)
             module.log(name, (values * weights).sum() / sum(sizes), on_step=False, on_epoch=True,
                        sync_dist=True, batch_size=sum(sizes))
+
+
+def as_tensor(value: Tensor | float, module: LightningModule) -> Tensor:
+    """A float as the float32 tensor ``self.log`` would make of it: the same logged digits."""
+    return value if isinstance(value, Tensor) else torch.full((), value, device=module.device)
+
+
+def reaches_loggers(trainer) -> bool:
+    """Whether this step's logged values reach the loggers: the test of Lightning 2.6's
+    ``_LoggerConnector.update_train_step_metrics`` (no logging while gradients accumulate)."""
+    if trainer.fit_loop._should_accumulate() and trainer.lightning_module.automatic_optimization:
+        return False
+    return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run)
