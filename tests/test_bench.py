@@ -60,8 +60,7 @@ def test_quick_bench_markdown_lists_every_figure_with_its_target(quick_bench):
             assert f"{figure.op} {figure.target:.3g}" in row, row
             assert shown[verdicts[figure.name]] in row, row
     for section in SECTIONS:
-        heading = f"## {section.key}. {section.title}" if section.runs(CPU) else section.not_run[0]
-        assert heading in text
+        assert f"## {section.key}. {section.title}" in text
     assert "Not run: this was a CPU benchmark" in text
     assert "Quick mode" in text and "GLIBC_TUNABLES" in text and "vitdepth bench --device cpu --quick" in text
 

@@ -13,10 +13,10 @@ from pytorch_lightning import Callback
 
 from vitdepth.bench import loaders, loops
 from vitdepth.bench.figure import Bench, Figure, Section, log
-from vitdepth.bench.metric_cost import probe_inputs
 from vitdepth.bench.plan import Plan, StepShape
 from vitdepth.bench.timing import synchronizer, top_ops, window
 from vitdepth.callbacks import RankCollapseCallback
+from vitdepth.models import build_vit
 from vitdepth.probe import probe_metrics
 
 
@@ -36,17 +36,20 @@ class ProbeClock(Callback):
         callback.probe = timed
 
     def on_train_batch_end(self, trainer, *args) -> None:
-        timings = getattr(self.callback, "timings", [])
-        trainer.should_stop = all(t.metrics_s is not None for t in timings)
+        trainer.should_stop = all(t.metrics_s is not None for t in self.callback.timings)
 
     def results(self) -> dict[str, list[float]]:
-        """Per probe: seconds training was stopped, and seconds of its metrics (a synchronous
-        callback, without per-probe ``timings``, holds training for the whole call)."""
-        if not hasattr(self.callback, "timings"):
-            return {"blocking_s": list(self.seconds), "metrics_s": list(self.seconds)}
+        """Per probe: seconds training was stopped, and seconds of its metrics."""
         self.callback.flush()
         return {"blocking_s": list(self.seconds),
                 "metrics_s": [t.metrics_s for t in self.callback.timings]}
+
+
+def probe_inputs(shape: StepShape, device: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A seeded ``full`` ViT at ``shape`` and a batch of random images to probe it with."""
+    torch.manual_seed(0)
+    model = build_vit("full", **shape.model_kwargs()).to(device)
+    return model, loops.random_batch(shape, device)[0]
 
 
 def probe_fit(plan: Plan, root: Path) -> dict[str, list[float]]:
@@ -82,11 +85,9 @@ def measure(bench: Bench) -> dict:
 
 
 def render(b: dict, plan: Plan) -> list[str]:
-    synchronous = b["probes_at_c"]["blocking_s"] == b["probes_at_c"]["metrics_s"]
-    source = ("the callback probes synchronously, so the whole call is timed as both" if
-              synchronous else "metric seconds from the callback's own per-probe `timings`")
     return [f"RankCollapseCallback(every_n_epochs=1) in a one-step fit at {b['probe_shape']} "
-            f"(probe images = batch): {len(b['probes_at_c']['blocking_s'])} probes; {source}.",
+            f"(probe images = batch): {len(b['probes_at_c']['blocking_s'])} probes, metric "
+            "seconds from the callback's own per-probe `timings`.",
             f"During a's fit ({b['probe_images']} probe images): {b['probe_seconds'][0]:.3g} s "
             f"blocking at init. **Scaled, not run:** a {b['epoch_images']:,}-image epoch = "
             f"{b['steps_per_epoch']} steps x {b['step_s'] * 1e3:.1f} ms (a's Lightning step) = "

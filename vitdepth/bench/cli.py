@@ -71,28 +71,26 @@ def run(args: argparse.Namespace) -> int:
     from vitdepth.bench.suite import measure
     from vitdepth.provenance import git_state, hardware, library_versions
 
-    plan = make_plan(args.device, args.quick)
+    plan, quick = make_plan(args.device, args.quick), " --quick" if args.quick else ""
     load_start, busy_start = os.getloadavg()[0], busy_cores()
     started = time.monotonic()
     when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(prefix="vitdepth-bench-") as tmp, quiet_lightning():
         results = measure(plan, Path(tmp))
-    hw, quick = hardware(), " --quick" if args.quick else ""
+    hw = hardware()
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU only"
-    meta = {
-        "command": f"vitdepth bench --device {args.device}{quick} --out {args.out} "
-                   f"--threads {threads}",
-        "started": when, "wall_s": time.monotonic() - started, "device": args.device,
-        "device_name": device_name, "quick": args.quick,
-        "title": (device_name if args.device == "cuda" else hw["processor"])
-                 + (" (quick)" if args.quick else ""),
-        "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2),
-        "busy_cores_start": round(busy_start, 2), "busy_cores_end": round(busy_cores(), 2),
-        "hardware": hw, "versions": library_versions(), "git": git_state(),
-    }
+    meta = {"command": f"vitdepth bench --device {args.device}{quick} --out {args.out} "
+                       f"--threads {threads}",
+            "started": when, "wall_s": time.monotonic() - started, "device": args.device,
+            "device_name": device_name, "quick": args.quick,
+            "title": (device_name if args.device == "cuda" else hw["processor"])
+                     + (" (quick)" if args.quick else ""),
+            "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2),
+            "busy_cores_start": round(busy_start, 2), "busy_cores_end": round(busy_cores(), 2),
+            "hardware": hw, "versions": library_versions(), "git": git_state()}
     paths = write_report(args.out, results, plan, meta)
     log(f"wrote {', '.join(str(p) for p in paths)} ({meta['wall_s']:.0f} s)")
     if results["errors"]:

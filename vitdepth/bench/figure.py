@@ -40,27 +40,18 @@ class Figure:
     profile: Callable[[Bench], list[dict]] | None = None  # run when the figure misses
     peak_fraction: bool = False  # a fraction of a measured peak: above 1 it is an error
 
-    def value(self, section: dict | None) -> float | None:
-        """The figure's value, or None where its section failed."""
-        value = section
-        for key in self.source or (self.name,):
-            if not isinstance(value, dict) or key not in value:
-                return None
-            value = value[key]
-        return None if value is None else float(value)
-
-    def met(self, value: float | None) -> bool | None:
-        if self.op is None or value is None:
-            return None
-        return bool(value >= self.target) if self.op == ">=" else bool(value <= self.target)
-
-    def judge(self, value: float | None, busy: bool) -> dict:
+    def judge(self, section: dict | None, busy: bool) -> dict:
         """bench.json's entry. The verdict is PASS or MISS only for a plausible value measured
         on an idle machine: ERROR where it was not measured or is a fraction of a peak above 1,
         NOT JUDGED where other load may have moved either side of a comparison."""
+        value = section
+        for key in self.source or (self.name,):
+            value = value.get(key) if isinstance(value, dict) else None
+        value = None if value is None else float(value)
         error = ("not measured: its section failed" if value is None else
                  PEAK_ERROR if self.peak_fraction and value > 1 else None)
-        met = self.met(value)
+        met = (None if self.op is None or value is None else
+               bool(value >= self.target if self.op == ">=" else value <= self.target))
         verdict = ("ERROR" if error else "—" if met is None else "NOT JUDGED" if busy else
                    "PASS" if met else "MISS")
         return {"value": value, "op": self.op, "target": self.target, "met": met,
@@ -77,24 +68,22 @@ class Section:
     render: Callable[[dict, Plan], list[str]]  # bench.md lines under the heading
     needs: tuple[str, ...] = ()  # sections whose state it reads from the Bench
     runs: Callable[[Plan], bool] = lambda plan: True
-    not_run: tuple[str, ...] = ()  # bench.md lines, heading included, when it does not run
+    not_run: str = ""  # bench.md's paragraph where it does not run
 
 
 def fmt(value) -> str:
+    """Floats to 3 significant digits (thousands grouped); None as a dash."""
     if value is None:
         return "—"
-    if isinstance(value, float):
-        if value == 0 or not math.isfinite(value):
-            return str(value)
+    if isinstance(value, float) and value != 0 and math.isfinite(value):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
 
 
 def table(columns: list[str], rows: list[list]) -> list[str]:
-    """A markdown table; floats through ``fmt``."""
-    cells = [[fmt(v) if isinstance(v, float) else str(v) for v in row] for row in rows]
+    """A markdown table of ``fmt``'s cells, and the blank line after it."""
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-            *("| " + " | ".join(row) + " |" for row in cells)]
+            *("| " + " | ".join(map(fmt, row)) + " |" for row in rows), ""]
 
 
 def log(message: str) -> None:

@@ -6,47 +6,37 @@ peak measured beside it: a fraction above 1 is an error (``Figure.peak_fraction`
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from vitdepth.bench import loops
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
-from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Timing, paired_ratio
-
-
-def train_flops(model: torch.nn.Module, shape: StepShape, device: torch.device,
-                precision: str) -> int:
-    """FLOPs of one training step's forward and backward, by ``torch.utils.flop_counter``, on a
-    copy with timm's explicit attention: the counter has no formula for CPU's fused SDPA."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counted = copy.deepcopy(model).to(device).train()
-    for block in counted.blocks:
-        block.attn.fused_attn = False
-    images, labels = loops.random_batch(shape, device)
-    with FlopCounterMode(display=False) as counter:
-        with loops.autocast_for(precision, device)():
-            loss = F.cross_entropy(counted(images), labels, label_smoothing=loops.LABEL_SMOOTHING)
-        loss.backward()
-    return counter.get_total_flops()
+from vitdepth.bench.plan import Plan
+from vitdepth.bench.timing import Timing, paired
 
 
 def fractions(flops: int, timings: dict[str, Timing], plan: Plan) -> dict[str, float]:
     """Each loop's FLOP rate over the matmul's, paired round by round."""
     per_matmul = 2 * plan.matmul_n ** 3
-    return {name: flops / per_matmul * paired_ratio(timings["matmul"], timings[name])
+    return {name: flops / per_matmul * paired(timings["matmul"], timings[name])
             for name in ("lightning", "bare")}
 
 
 def measure(bench: Bench) -> dict:
-    plan = bench.plan
+    """FLOPs of one step's forward and backward by ``FlopCounterMode``, on a copy with timm's
+    explicit attention: the counter has no formula for CPU's fused SDPA."""
+    plan, device = bench.plan, torch.device(bench.plan.device)
     log("e: FLOPs per step, against the matmul peak timed in a's rounds")
-    model = loops.classifier(plan.train).model
-    bench.flops = flops = train_flops(model, plan.train, torch.device(plan.device),
-                                      plan.precision)
+    model = loops.classifier(plan.train).model.to(device).train()
+    for block in model.blocks:
+        block.attn.fused_attn = False
+    images, labels = loops.random_batch(plan.train, device)
+    with FlopCounterMode(display=False) as counter:
+        with loops.autocast(plan.precision, device):
+            loss = F.cross_entropy(model(images), labels, label_smoothing=loops.LABEL_SMOOTHING)
+        loss.backward()
+    bench.flops = flops = counter.get_total_flops()
     matmul, fraction = bench.loops["matmul"], fractions(flops, bench.loops, plan)
     return {"flops_per_step": flops, "flops_per_image": flops / plan.train.batch_size,
             "matmul": {"n": plan.matmul_n, "dtype": plan.matmul_dtype,
@@ -57,22 +47,18 @@ def measure(bench: Bench) -> dict:
 
 def render(e: dict, plan: Plan) -> list[str]:
     m = e["matmul"]
-    return [f"FLOPs of one step's forward and backward (`FlopCounterMode`, explicit attention): "
-            f"{e['flops_per_step'] / 1e9:.2f} GFLOP, {e['flops_per_image'] / 1e9:.3f} GFLOP per "
-            "image (the optimizer's elementwise work is not counted).",
-            f"Peak: a {m['n']}^3 {m['dtype']} matmul timed between a's windows, median "
-            f"{m['timing']['median_s'] * 1e3:.1f} ms = {m['flops_per_s'] / 1e9:,.1f} GFLOP/s; "
-            f"the bare loop's fraction of it: {e['bare_flop_fraction']:.3f}.", ""]
+    return [f"FLOPs of one step's forward and backward (`FlopCounterMode`, explicit attention; "
+            f"not the optimizer): {e['flops_per_step'] / 1e9:.2f} GFLOP. Peak: a {m['n']}^3 "
+            f"{m['dtype']} matmul timed between a's windows, {m['flops_per_s'] / 1e9:,.1f} "
+            f"GFLOP/s; the bare loop's fraction of it: {e['bare_flop_fraction']:.3f}.", ""]
 
 
 def measure_gpu(bench: Bench) -> dict:
     plan = bench.plan
     log(f"f: {plan.precision} with torch.compile (the first steps compile)")
-    compiled = loops.compare_loops(plan, bench.data, str(bench.root), compile=True,
-                                   with_timm=False)
+    compiled = loops.compare_loops(plan, bench.data, str(bench.root), compile=True)
     fraction, e = fractions(bench.flops, compiled, plan), bench.results["e"]
-    return {"gpu": torch.cuda.get_device_name(0) if plan.device == "cuda" else plan.device,
-            "precision": plan.precision,
+    return {"gpu": torch.cuda.get_device_name(0), "precision": plan.precision,
             "compiled_images_per_s": {k: plan.train.batch_size / compiled[k].median
                                       for k in ("lightning", "bare")},
             "compiled_timings": {k: t.as_dict() for k, t in compiled.items()},
@@ -82,12 +68,11 @@ def measure_gpu(bench: Bench) -> dict:
 
 def render_gpu(f: dict, plan: Plan) -> list[str]:
     rows = [[label, f"{f[f'mfu_bf16_eager{k}']:.3f}", f"{f[f'mfu_bf16_compile{k}']:.3f}",
-             f"{f['compiled_images_per_s'][name]:,.0f}"]
+             f["compiled_images_per_s"][name]]
             for label, k, name in (("ours (Lightning)", "", "lightning"),
                                    ("bare loop", "_bare", "bare"))]
-    return [f"GPU: {f['gpu']}. Training data: the whole set as one uint8 tensor on the GPU, "
-            "crop/flip/normalise batched there (d lists its rate).", "",
-            *table(["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows), ""]
+    return [f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.", "",
+            *table(["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)]
 
 
 SECTION = Section(
@@ -102,11 +87,9 @@ SECTION = Section(
 
 GPU_SECTION = Section(
     "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, render=render_gpu,
-    needs=("a", "e"), runs=lambda plan: True in plan.compile_modes,
-    not_run=("## f. GPU", "", "Not run: this was a CPU benchmark. On a GPU, `vitdepth bench "
-             "--device cuda --out results/bench/<gpu>` measures the on-device loader (d), the "
-             "step (a) and MFU at bf16-mixed, eager and compiled (e, f), at ViT-S/4, batch 1024; "
-             "results/bench/h200 holds a run on an NVIDIA H200.", ""),
+    needs=("a", "e"), runs=lambda plan: plan.device == "cuda",
+    not_run="Not run: this was a CPU benchmark. `vitdepth bench --device cuda` measures MFU at "
+    "bf16-mixed, eager and compiled, at ViT-S/4, batch 1024 (results/bench/h200: an H200).",
     figures=(
         Figure("mfu_bf16_eager", peak_fraction=True,
                what="MFU of ViTClassifier (Lightning), bf16-mixed, eager"),

@@ -1,19 +1,15 @@
 """d. Each data module's train loader against the training step it feeds, and the on-device CIFAR
-path (``--data.on_device``) against its PIL loader, interleaved in rounds with the steps.
-
-CIFAR-10 is a small fake copy in the real on-disk format, whose files cannot match the MD5s
-torchvision checks: ``cifar_md5_skipped`` accepts existing files while the loaders are built.
-"""
+path (``--data.on_device``) against its PIL loader, interleaved in rounds with the steps. CIFAR-10
+is a small fake copy in the real on-disk format."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import os
 import pickle
-from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -21,7 +17,7 @@ import torch
 from vitdepth.bench import loops
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import LOADER_SHAPES, Plan
-from vitdepth.bench.timing import interleave, paired_ratio, synchronizer, top_functions, window
+from vitdepth.bench.timing import Side, interleave, paired, synchronizer, top_functions, window
 from vitdepth.data import ImageDataModule
 
 ON_DEVICE = "cifar10 on device"
@@ -43,23 +39,13 @@ def write_fake_cifar10(root: Path, per_batch: int, seed: int = 0) -> None:
     (folder / "batches.meta").write_bytes(pickle.dumps(meta))
 
 
-@contextlib.contextmanager
-def cifar_md5_skipped() -> Iterator[None]:
-    import torchvision.datasets.cifar as cifar
-
-    saved = cifar.check_integrity
-    cifar.check_integrity = lambda path, md5=None: os.path.isfile(path)
-    try:
-        yield
-    finally:
-        cifar.check_integrity = saved
-
-
 def data_module(name: str, batch_size: int, root: Path, **options) -> ImageDataModule:
-    """The data module ``name`` at its defaults (augmenting, ``num_workers=0``), set up."""
+    """The data module ``name`` at its defaults (augmenting, ``num_workers=0``), set up. The fake
+    CIFAR-10's files cannot match torchvision's MD5s, so any existing file passes its check."""
     datamodule = ImageDataModule(dataset=name, batch_size=batch_size, **options,
                                  **({"root": str(root)} if name == "cifar10" else {}))
-    with cifar_md5_skipped():
+    with mock.patch("torchvision.datasets.cifar.check_integrity",
+                    lambda path, md5=None: os.path.isfile(path)):
         datamodule.setup("fit")
     return datamodule
 
@@ -75,7 +61,7 @@ def training_data(plan: Plan, root: Path) -> ImageDataModule:
     return data_module("synthetic", batch, root, probe_size=probe, num_samples=images)
 
 
-def loader_side(loader, batches: int, device: torch.device) -> Callable[[], float]:
+def loader_side(loader, batches: int, device: torch.device) -> Side:
     """Seconds per image over the first ``batches`` batches of a fresh pass, per call."""
     sizes = []
 
@@ -85,17 +71,16 @@ def loader_side(loader, batches: int, device: torch.device) -> Callable[[], floa
     return lambda: window(one_pass, sync=synchronizer(device)) / sum(sizes)
 
 
-def cases(plan: Plan, batches: int) -> list[tuple[str, str, dict, bool]]:
-    """(row, data set, options, default) for every loader. GPU training reads the on-device
+def cases(plan: Plan, batches: int) -> dict[str, tuple[str, dict, bool]]:
+    """{row: (data set, options, default)} for every loader. GPU training reads the on-device
     path, the only default there; the recipe rows are never defaults and may fail."""
     host = {"on_device": False}  # auto would move them onto a GPU
     synthetic = {"num_samples": int(plan.train.batch_size * (batches + 1) / 0.8) + 1}
-    rows = [(name, name, {**host, **(synthetic if name == "synthetic" else {})},
-             not plan.resident_data) for name in plan.loaders]
-    return rows + [(f"cifar10 ({RECIPE})", "cifar10", {**RECIPE_AUGMENT, **host}, False),
-                   (ON_DEVICE, "cifar10", {"on_device": True}, plan.resident_data),
-                   (f"{ON_DEVICE} ({RECIPE})", "cifar10", {**RECIPE_AUGMENT, "on_device": True},
-                    False)]
+    rows = {name: (name, {**host, **(synthetic if name == "synthetic" else {})},
+                   not plan.resident_data) for name in plan.loaders}
+    return {**rows, f"cifar10 ({RECIPE})": ("cifar10", {**RECIPE_AUGMENT, **host}, False),
+            ON_DEVICE: ("cifar10", {"on_device": True}, plan.resident_data),
+            f"{ON_DEVICE} ({RECIPE})": ("cifar10", {**RECIPE_AUGMENT, "on_device": True}, False)}
 
 
 def measure(bench: Bench) -> dict:
@@ -105,10 +90,9 @@ def measure(bench: Bench) -> dict:
     batches = 3 if plan.quick else 20
     write_fake_cifar10(root, plan.cifar_per_batch)
     sides, rows, shapes = {}, {}, {}
-    for label, name, options, default in cases(plan, batches):
-        img_size, in_chans, patch_size = LOADER_SHAPES[name]
-        shape = dataclasses.replace(plan.train, img_size=img_size, in_chans=in_chans,
-                                    patch_size=patch_size)
+    for label, (name, options, default) in cases(plan, batches).items():
+        fields = dict(zip(("img_size", "in_chans", "patch_size"), LOADER_SHAPES[name]))
+        shape = dataclasses.replace(plan.train, **fields)
         rows[label] = {"default": default, "step_shape": shape.label()}
         try:  # the untimed first pass: a loader that fails is reported in its row
             loader = data_module(name, plan.train.batch_size, root, **options).train_dataloader()
@@ -127,39 +111,31 @@ def measure(bench: Bench) -> dict:
         rows[label].update(loader_images_per_s=1 / loader.median, loader_timing=loader.as_dict(),
                            step_images_per_s=shape.batch_size / step.median,
                            step_timing=step.as_dict(),
-                           loader_over_step=paired_ratio(step, loader) / shape.batch_size)
-    candidates = [(k, r["loader_over_step"]) for k, r in rows.items() if r["default"]
-                  and "error" not in r and k.startswith(ON_DEVICE) == plan.resident_data]
-    source, figure = min(candidates, key=lambda kv: kv[1])
-    return {"loaders": rows, "loader_over_step": figure, "limited_by": source,
+                           loader_over_step=paired(step, loader) / shape.batch_size)
+    defaults = {k: r["loader_over_step"] for k, r in rows.items() if r["default"] and k in shapes}
+    limiting = min(defaults, key=defaults.get)
+
+    def over(device: str, pil: str) -> float | None:  # images/s per core, paired
+        return paired(timings[pil], timings[device]) if {device, pil} <= set(timings) else None
+
+    return {"loaders": rows, "loader_over_step": defaults[limiting], "limited_by": limiting,
             "batches_per_pass": batches,
-            "device_loader_over_pil_per_core": _over(timings, ON_DEVICE, "cifar10"),
-            "device_recipe_over_pil_per_core": _over(timings, f"{ON_DEVICE} ({RECIPE})",
-                                                     f"cifar10 ({RECIPE})")}
-
-
-def _over(timings: dict, device: str, pil: str) -> float | None:
-    """Images/s of the on-device row over the PIL row (one core: this process), paired."""
-    if device not in timings or pil not in timings:
-        return None
-    return paired_ratio(timings[pil], timings[device])
+            "device_loader_over_pil_per_core": over(ON_DEVICE, "cifar10"),
+            "device_recipe_over_pil_per_core": over(f"{ON_DEVICE} ({RECIPE})",
+                                                    f"cifar10 ({RECIPE})")}
 
 
 def render(d: dict, plan: Plan) -> list[str]:
-    rows = []
-    for name, r in d["loaders"].items():
-        rates = ([f"fails: `{r['error']}`", "", ""] if "error" in r else
-                 [f"{r['loader_images_per_s']:,.0f}", f"{r['step_images_per_s']:,.1f}",
-                  f"{r['loader_over_step']:.1f}"])
-        rows.append([name if r["default"] else f"*{name}*", *rates, r["step_shape"]])
+    rows = [[name if r["default"] else f"*{name}*",
+             *([f"fails: `{r['error']}`", "", ""] if "error" in r else
+               [r["loader_images_per_s"], r["step_images_per_s"], r["loader_over_step"]]),
+             r["step_shape"]] for name, r in d["loaders"].items()]
     return [f"Train loaders at their defaults (augmenting, `num_workers=0`): the first "
             f"{d['batches_per_pass']} batches of a fresh pass, in rounds with the bare step on "
             "fixed batches of each shape; ratio = median of paired ratios. Figure = the minimum "
             f"over default loaders (italic rows are not); limiting: **{d['limited_by']}**. "
-            "On device against PIL: both the data module's own loader, `--data.on_device true` "
-            "against `false`; with workers PIL scales by their count.", "",
-            *table(["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows),
-            ""]
+            "On device against PIL: `--data.on_device true` against `false`, one process.", "",
+            *table(["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows)]
 
 
 def loader_profile(bench: Bench, label: str, **augment) -> list[dict]:

@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,8 @@ from pytorch_lightning import Callback, Trainer
 from timm.models.vision_transformer import VisionTransformer
 from timm.optim import create_optimizer_v2
 
-from vitdepth.bench.plan import Plan, StepShape, Windows
-from vitdepth.bench.timing import Timing, synchronizer, time_calls, top_ops, window
+from vitdepth.bench.plan import Plan, StepShape
+from vitdepth.bench.timing import Side, Timing, Windows, synchronizer, top_ops, window
 from vitdepth.lit.classifier import ViTClassifier
 from vitdepth.models import build_vit
 
@@ -50,18 +50,13 @@ def quiet_lightning() -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def autocast_for(precision: str,
-                 device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
-    """The autocast context Lightning's precision plugin uses for ``precision``."""
-    if precision == "bf16-mixed":
-        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
-    if precision == "32-true":
-        return contextlib.nullcontext
-    raise ValueError(f"unsupported precision {precision!r}")
+def autocast(precision: str, device: torch.device) -> torch.autocast:
+    """The autocast Lightning's precision plugin uses: bf16 for "bf16-mixed", off for "32-true"."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
 
 
-def classifier(shape: StepShape, compile: bool = False, seed: int = 0) -> ViTClassifier:
-    torch.manual_seed(seed)
+def classifier(shape: StepShape, compile: bool = False) -> ViTClassifier:
+    torch.manual_seed(0)
     return ViTClassifier(variant="full", lr=LR, weight_decay=WEIGHT_DECAY,
                          label_smoothing=LABEL_SMOOTHING, compile=compile, **shape.model_kwargs())
 
@@ -80,26 +75,26 @@ def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, 
 
 
 class BareLoop:
-    """What Lightning automates, written out: zero_grad, forward under the same autocast,
-    label-smoothed cross-entropy, backward, AdamW step (timm's ``create_optimizer_v2``, as
-    ``ViTClassifier.configure_optimizers``)."""
+    """What Lightning automates, written out, on a copy of ``model``: zero_grad, forward under the
+    same autocast, label-smoothed cross-entropy, backward, AdamW step (timm's
+    ``create_optimizer_v2``, as ``ViTClassifier.configure_optimizers``)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, precision: str,
                  compile: bool = False) -> None:
-        self.model = model.to(device).train()
+        self.model = copy.deepcopy(model).to(device).train()
         self.forward = torch.compile(self.model) if compile else self.model
         self.optimizer = create_optimizer_v2(self.model, opt="adamw", lr=LR,
                                              weight_decay=WEIGHT_DECAY)
-        self.autocast, self.device = autocast_for(precision, device), device
+        self.precision, self.device = precision, device
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
+        with autocast(self.precision, self.device):
             loss = F.cross_entropy(self.forward(images), labels, label_smoothing=LABEL_SMOOTHING)
         loss.backward()
         self.optimizer.step()
 
-    def side(self, loader: Iterable, windows: Windows) -> Callable[[], float]:
+    def side(self, loader: Iterable, windows: Windows) -> Side:
         """One window of steps on ``loader``'s batches (fetch included) per call."""
         batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
 
@@ -108,29 +103,25 @@ class BareLoop:
             self.step(images.to(self.device, non_blocking=True),
                       labels.to(self.device, non_blocking=True))
 
-        return lambda: window(fetch_and_step, windows.calls, windows.warmup,
-                              synchronizer(self.device))
+        return windows.side(fetch_and_step, self.device)
 
 
-def step_side(shape: StepShape, plan: Plan) -> Callable[[], float]:
+def step_side(shape: StepShape, plan: Plan) -> Side:
     """A window of bare training steps on one fixed random batch of ``shape`` per call."""
     device = torch.device(plan.device)
     torch.manual_seed(0)
     loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision)
     images, labels = random_batch(shape, device)
-    w = plan.windows
-    return lambda: window(lambda: loop.step(images, labels), w.calls, w.warmup,
-                          synchronizer(device))
+    return plan.windows.side(lambda: loop.step(images, labels), device)
 
 
-def matmul_side(plan: Plan) -> Callable[[], float]:
+def matmul_side(plan: Plan) -> Side:
     """One window of a square matmul of ``2 n^3`` FLOPs in ``plan.matmul_dtype``, the practical
     peak; seconds per matmul."""
     device = torch.device(plan.device)
     a, b = (torch.randn(plan.matmul_n, plan.matmul_n, device=device,
                         dtype=getattr(torch, plan.matmul_dtype)) for _ in range(2))
-    calls = 20 if device.type == "cuda" else 1
-    return lambda: window(lambda: a @ b, calls, 2, synchronizer(device))
+    return Windows(2, 20 if device.type == "cuda" else 1, 0).side(lambda: a @ b, device)
 
 
 class Interleave(Callback):
@@ -138,8 +129,7 @@ class Interleave(Callback):
     ``calls`` Lightning steps) in one fit; the references run with the fit paused at a step's
     end, outside every Lightning window."""
 
-    def __init__(self, references: dict[str, Callable[[], float]], windows: Windows,
-                 device: torch.device | str) -> None:
+    def __init__(self, references: dict[str, Side], windows: Windows, device) -> None:
         self.references, self.windows, self.sync = references, windows, synchronizer(device)
         self.timings = {name: Timing(calls=windows.calls) for name in ["lightning", *references]}
         self.done, self.start = 0, 0.0
@@ -175,22 +165,32 @@ def lightning_trainer(plan: Plan, steps: int, callbacks: list, root: str, **over
     return Trainer(**{**options, **overrides})
 
 
-def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (), compile: bool = False,
-                  with_timm: bool = True) -> dict[str, Timing]:
-    """``ViTClassifier`` under a lean Trainer, with the bare loop of the same weights (and timm's
-    stock ViT) and the matmul peak timed between its windows."""
-    device, windows = torch.device(plan.device), plan.windows
-    module = classifier(plan.train, compile=compile)
+def timed_fit(plan: Plan, trainer: Trainer, module, datamodule, windows: Windows,
+              models: dict | None = None, compile: bool = False,
+              others: dict[str, Side] | None = None) -> dict[str, Timing]:
+    """``trainer.fit(module)`` with a bare loop of each of ``models`` (default: the module's own
+    model) on the same data, then ``others``, timed between its windows: every a-side fit."""
+    device = torch.device(plan.device)
     loader = datamodule.train_dataloader()
-    models = {"bare": copy.deepcopy(module.model)}
-    if with_timm:
-        models["timm"] = stock_timm(module.model, plan.train)
-    references = {name: BareLoop(model, device, plan.precision, compile).side(loader, windows)
-                  for name, model in models.items()}
-    clock = Interleave({**references, "matmul": matmul_side(plan)}, windows, device)
-    lightning_trainer(plan, windows.steps, [*callbacks, clock], root).fit(module,
-                                                                          datamodule=datamodule)
+    bare = {name: BareLoop(model, device, plan.precision, compile).side(loader, windows)
+            for name, model in (models or {"bare": module.model}).items()}
+    clock = Interleave({**bare, **(others or {})}, windows, device)
+    trainer.callbacks.append(clock)
+    trainer.fit(module, datamodule=datamodule)
     return clock.timings
+
+
+def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (),
+                  compile: bool = False) -> dict[str, Timing]:
+    """``ViTClassifier`` under a lean Trainer, with the bare loop of the same weights (and,
+    eager, timm's stock ViT) and the matmul peak timed between its windows."""
+    module = classifier(plan.train, compile=compile)
+    models = {"bare": module.model}
+    if not compile:
+        models["timm"] = stock_timm(module.model, plan.train)
+    trainer = lightning_trainer(plan, plan.windows.steps, list(callbacks), root)
+    return timed_fit(plan, trainer, module, datamodule, plan.windows, models, compile,
+                     {"matmul": matmul_side(plan)})
 
 
 def step_profile(plan: Plan, which: str = "ours", compile: bool = False) -> dict:
@@ -200,7 +200,7 @@ def step_profile(plan: Plan, which: str = "ours", compile: bool = False) -> dict
     model = stock_timm(module.model, plan.train) if which == "timm" else module.model
     loop = BareLoop(model, device, plan.precision, compile=compile)
     images, labels = random_batch(plan.train, device)
-    time_calls(lambda: loop.step(images, labels), warmup=2, repeats=1)  # compiles, warms up
+    window(lambda: loop.step(images, labels), calls=3)  # compiles, warms up
     block = "timm stock Block" if which == "timm" else "our full block"
     title = f"one bare training step, {block}" + (" (compiled)" if compile else "")
     return {"title": title, **top_ops(lambda: loop.step(images, labels), plan.device)}

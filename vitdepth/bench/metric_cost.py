@@ -1,29 +1,33 @@
 """c. What the rank-collapse metrics cost apart from the probe's forward pass, against their own
-floor (the Gram matrices and eigenvalues the 1e-12 rule fixes), and how they grow (``scaling``)."""
+floor (the Gram matrices and eigenvalues the 1e-12 rule fixes), and how they grow with depth,
+tokens and batch (exponents fitted in log-log; scaling.png)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import io
+import math
+from pathlib import Path
+
+import numpy as np
 import torch
 
-from vitdepth.bench import scaling, timing
-from vitdepth.bench.figure import Bench, Figure, Section, log, table
+from vitdepth.bench.callback import probe_inputs
+from vitdepth.bench.figure import Bench, Figure, Section, fmt, log, table
 from vitdepth.bench.plan import Plan, StepShape
+from vitdepth.bench.timing import interleave, paired, synchronizer, top_ops, window
 from vitdepth.metrics import squared_singular_values
-from vitdepth.models import build_vit
 from vitdepth.probe import LayerMeter, eager, measure_layers, probe, probe_metrics, run_probe
+from vitdepth.rundir import atomic_write_bytes
 
 PARTS = {"forward": "probe forward (hooks, attention maps; no metrics)",
          "metrics": "**all metrics on the stored layers**",
          "spectrum": "of which: Gram matrices and their eigenvalues only (`SpectrumMeter`)",
          "probe_metrics": "whole `probe_metrics` (check: about the sum)"}
-
-
-def probe_inputs(shape: StepShape, device: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
-    torch.manual_seed(0)
-    model = build_vit("full", **shape.model_kwargs()).to(device)
-    images = torch.randn(shape.batch_size, shape.in_chans, shape.img_size, shape.img_size,
-                         device=device)
-    return model, images
+# each factor of the sweep: the StepShape field varied and the Plan field of its values
+SWEEPS = {"depth": ("depth", "sweep_depths"), "tokens": ("img_size", "sweep_img_sizes"),
+          "batch": ("batch_size", "sweep_batches")}
 
 
 class SpectrumMeter(LayerMeter):
@@ -48,50 +52,91 @@ def metrics_workload(shape: StepShape, device: torch.device):
 def measure(bench: Bench) -> dict:
     plan, device = bench.plan, torch.device(bench.plan.device)
     log(f"c: metric cost at {plan.metrics.label()}, and its scaling")
-    sync = timing.synchronizer(device)
+    sync = synchronizer(device)
     metrics, model, images = metrics_workload(plan.metrics, device)
     calls = {"forward": lambda: run_probe(model, images, lambda *_: None), "metrics": metrics,
              "spectrum": lambda: metrics(SpectrumMeter),
              "probe_metrics": lambda: probe_metrics(model, images)}
-    sides = {name: (lambda fn=fn: timing.window(fn, sync=sync)) for name, fn in calls.items()}
-    timing.interleave(sides, 1)  # untimed
-    parts = timing.interleave(sides, plan.metric_repeats)
+    sides = {name: (lambda fn=fn: window(fn, sync=sync)) for name, fn in calls.items()}
+    parts = interleave(sides, plan.metric_repeats, untimed=1)
 
     def seconds(shape: StepShape) -> float:
-        metrics = metrics_workload(shape, device)[0]
-        return timing.time_calls(metrics, repeats=plan.metric_repeats, sync=sync).median
+        side = functools.partial(window, metrics_workload(shape, device)[0], sync=sync)
+        return interleave({"metrics": side}, plan.metric_repeats, untimed=1)["metrics"].median
 
+    scaling, base = {"base": plan.sweep_base.label()}, plan.sweep_base
+    for factor, (field, values) in SWEEPS.items():  # least squares of log t = log a + k log x
+        shapes = [dataclasses.replace(base, **{field: v}) for v in getattr(plan, values)]
+        xs = [s.tokens if factor == "tokens" else getattr(s, field) for s in shapes]
+        times = [seconds(s) for s in shapes]
+        slope, intercept = np.polyfit(np.log(xs), np.log(times), 1)
+        scaling[factor] = {"x": xs, "seconds": times, "exponent": float(slope),
+                           "prefactor": float(math.exp(intercept))}
     return {"shape": plan.metrics.label(), "parts": {k: t.as_dict() for k, t in parts.items()},
             "metrics_s": parts["metrics"].median, "spectrum_s": parts["spectrum"].median,
-            "metrics_over_spectrum": timing.paired_ratio(parts["metrics"], parts["spectrum"]),
-            "scaling": scaling.sweep(plan, seconds)}
+            "metrics_over_spectrum": paired(parts["metrics"], parts["spectrum"]),
+            "scaling": scaling}
 
 
 def render(c: dict, plan: Plan) -> list[str]:
-    rows = [[label, c["parts"][key]["median_s"], f"{c['parts'][key]['spread']:.0%}"]
-            for key, label in PARTS.items()]
+    s = c["scaling"]
+    parts = [[label, c["parts"][key]["median_s"], f"{c['parts'][key]['spread']:.0%}"]
+             for key, label in PARTS.items()]
+    sweeps = [[f, ", ".join(map(str, s[f]["x"])), ", ".join(map(fmt, s[f]["seconds"])),
+               f"**{s[f]['exponent']:.2f}**", s[f]["prefactor"]] for f in SWEEPS]
     return [f"At {c['shape']} (probe images = batch), the parts interleaved in "
             f"{plan.metric_repeats} rounds:", "",
-            *table(["part", "seconds (median)", "spread"], rows), "",
-            *scaling.render(c["scaling"]), ""]
+            *table(["part", "seconds (median)", "spread"], parts),
+            f"Scaling around {s['base']}, one factor at a time (tokens = (image / patch)^2 + 1); "
+            "least squares of log seconds on log x (scaling.png):", "",
+            *table(["factor", "x", "seconds", "exponent k", "t = a x^k, a"], sweeps)]
 
 
-def metrics_profiles(bench: Bench) -> list[dict]:
-    """As measured, and on one thread: torch.profiler records only the calling thread, so the
-    first misses the chunks ``LayerMeter`` runs in worker threads."""
-    plan = bench.plan
+def plot(scaling: dict | None, path: Path, title: str) -> None:
+    """scaling.png: measured seconds and the fit, one panel a factor (a note where c failed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    for ax, factor in zip(axes, SWEEPS):
+        if scaling is None:
+            ax.axis("off")
+            continue
+        s, xs = scaling[factor], np.array(scaling[factor]["x"], dtype=float)
+        grid = np.geomspace(xs.min(), xs.max(), 50)
+        ax.loglog(xs, s["seconds"], "o", label="measured")
+        ax.loglog(grid, s["prefactor"] * grid ** s["exponent"], "-",
+                  label=f"fit: t = {s['prefactor']:.2g} x^{s['exponent']:.2f}")
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])  # measured points only: minor labels overlap
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set(xlabel=factor, ylabel="metric seconds",
+               title=f"{factor}: exponent {s['exponent']:.2f}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    base = "not measured (section c failed; see bench.md)" if scaling is None else scaling["base"]
+    fig.suptitle(f"Rank-collapse metric cost, one factor varied around {base}\n{title}",
+                 fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def metrics_profile(bench: Bench) -> list[dict]:
+    """On one torch thread: torch.profiler records only the calling thread, so with more it
+    would miss the chunks ``LayerMeter`` runs in worker threads."""
+    plan, threads = bench.plan, torch.get_num_threads()
     workload = metrics_workload(plan.metrics, torch.device(plan.device))[0]
-    threads = torch.get_num_threads()
-    title = f"all metrics after the forward pass ({plan.metrics.label()}), {threads} threads"
-    measured = {"title": f"{title} (worker threads unseen)",
-                **timing.top_ops(workload, plan.device)}
     torch.set_num_threads(1)
     try:
-        single = {"title": "the same on one torch thread: every operator on the profiled thread",
-                  **timing.top_ops(workload, plan.device)}
+        return [{"title": f"all metrics after the forward pass ({plan.metrics.label()}), one "
+                 "torch thread", **top_ops(workload, plan.device)}]
     finally:
         torch.set_num_threads(threads)
-    return [measured, single]
 
 
 SECTION = Section(
@@ -103,8 +148,9 @@ SECTION = Section(
                "matrices and their eigenvalues alone: the floor the 1e-12 rule fixes"),
         Figure("metrics_over_spectrum_d12_b256", source=("metrics_over_spectrum",),
                what="all metrics / their spectra alone, paired rounds", op="<=", target=1.5,
-               profile=metrics_profiles,
+               profile=metrics_profile,
                cause="Beyond the spectra: the float64 casts, residual norms, token cosines and "
                "the attention maps' entropy and similarity; the one-thread profile lists them."),
-        *scaling.FIGURES,
+        *(Figure(f"metric_exponent_{factor}", source=("scaling", factor, "exponent"),
+                 what=f"fitted exponent k of metric seconds ~ {factor}^k") for factor in SWEEPS),
     ))

@@ -9,7 +9,9 @@ shrinks everything to seconds; its numbers only show that the code works.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+from vitdepth.bench.timing import Windows
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,7 @@ class StepShape:
 
     def model_kwargs(self) -> dict:
         """Arguments shared by ``build_vit``, ``ViTClassifier`` and timm's ViT."""
-        return dict(depth=self.depth, embed_dim=self.embed_dim, num_heads=self.num_heads,
-                    patch_size=self.patch_size, img_size=self.img_size, in_chans=self.in_chans,
-                    num_classes=self.num_classes)
+        return {k: v for k, v in asdict(self).items() if k != "batch_size"}
 
     def label(self) -> str:
         return (f"width {self.embed_dim}, depth {self.depth}, {self.num_heads} heads, "
@@ -41,71 +41,51 @@ class StepShape:
                 f"({self.tokens} tokens), batch {self.batch_size}")
 
 
-@dataclass(frozen=True)
-class Windows:
-    """``rounds`` windows of ``calls`` steps, each after ``warmup`` untimed ones, interleaved
-    with the same windows of each reference."""
-
-    warmup: int
-    calls: int
-    rounds: int
-
-    @property
-    def steps(self) -> int:
-        return self.rounds * (self.warmup + self.calls)
-
-
 # Each data module's (img_size, in_chans, patch_size): its native shape and the patch size its
 # recipes use (configs/digits.yaml: patch 2).
 LOADER_SHAPES = {"digits": (8, 1, 2), "mnist5k": (28, 1, 4), "synthetic": (32, 3, 4),
                  "cifar10": (32, 3, 4)}
-TINY = StepShape(32, 2, 2, 16, img_size=8, in_chans=1, patch_size=2)  # ~1 ms bare CPU step
 
 
 @dataclass(frozen=True)
 class Plan:
-    device: str
-    quick: bool
-    train: StepShape
-    precision: str  # Lightning precision; the bare loop uses the same autocast
+    """The full CPU benchmark by default; ``make_plan`` changes it for CUDA and ``--quick``."""
+
+    device: str = "cpu"
+    quick: bool = False
+    train: StepShape = StepShape(192, 6, 3, 128)
+    precision: str = "32-true"  # Lightning precision; the bare loop uses the same autocast
     # with 3 rounds on the 2-vCPU machine, Lightning/bare swung 0.94-1.03 between runs
-    windows: Windows
-    overhead: StepShape  # the per-step overhead's shape
-    overhead_windows: Windows
-    compile_modes: tuple[bool, ...]  # (False, True) adds f: the same loops under torch.compile
-    resident_data: bool  # train from the device-resident CIFAR path (GPU), not the data module
-    probe_size: int  # RankCollapseCallback's default is 256
-    epoch_images: int  # CIFAR-10's training set
-    metrics: StepShape  # the headline metric-cost and probe point (batch = probe images)
-    metric_repeats: int
-    sweep_base: StepShape  # the point the scaling sweeps vary one factor of
-    sweep_depths: tuple[int, ...]
-    sweep_batches: tuple[int, ...]
-    sweep_img_sizes: tuple[int, ...]  # tokens = (img / patch)^2 + 1
-    loaders: tuple[str, ...]
-    loader_repeats: int
-    cifar_per_batch: int  # images in each of the fake CIFAR-10 batch files (5 train + 1 test)
-    matmul_n: int
-    matmul_dtype: str
+    windows: Windows = Windows(2, 4, 5)
+    # the per-step overhead's shape: a ~1 ms bare CPU step
+    overhead: StepShape = StepShape(32, 2, 2, 16, img_size=8, in_chans=1, patch_size=2)
+    overhead_windows: Windows = Windows(10, 100, 10)
+    resident_data: bool = False  # train from the device-resident CIFAR path (GPU)
+    probe_size: int = 256  # RankCollapseCallback's default
+    epoch_images: int = 50_000  # CIFAR-10's training set
+    metrics: StepShape = StepShape(192, 12, 3, 256)  # metric cost and probe (batch = images)
+    metric_repeats: int = 5
+    sweep_base: StepShape = StepShape(192, 4, 3, 64)  # the scaling sweeps vary one factor of it
+    sweep_depths: tuple[int, ...] = (1, 2, 4, 8, 16)
+    sweep_batches: tuple[int, ...] = (16, 32, 64, 128, 256)
+    sweep_img_sizes: tuple[int, ...] = (16, 24, 32, 40, 48)  # tokens = (img / patch)^2 + 1
+    loaders: tuple[str, ...] = tuple(LOADER_SHAPES)
+    loader_repeats: int = 3
+    cifar_per_batch: int = 2000  # images in each fake CIFAR-10 batch file (5 train + 1 test)
+    matmul_n: int = 2048
+    matmul_dtype: str = "float32"
+
+
+CUDA = dict(train=StepShape(384, 12, 6, 1024), precision="bf16-mixed", windows=Windows(10, 20, 3),
+            resident_data=True, metric_repeats=3, matmul_n=8192, matmul_dtype="bfloat16")
+QUICK = dict(train=StepShape(32, 2, 2, 16), windows=Windows(1, 2, 2),
+             overhead_windows=Windows(2, 20, 3), probe_size=32, metrics=StepShape(32, 3, 2, 16),
+             metric_repeats=2, sweep_base=StepShape(32, 2, 2, 8), sweep_depths=(1, 2, 4),
+             sweep_batches=(4, 8, 16), sweep_img_sizes=(8, 16, 24), loader_repeats=2,
+             cifar_per_batch=64, matmul_n=256)
 
 
 def make_plan(device: str, quick: bool) -> Plan:
-    cuda = device == "cuda"
-    common = dict(device=device, quick=quick, precision="bf16-mixed" if cuda else "32-true",
-                  compile_modes=(False, True) if cuda else (False,), resident_data=cuda,
-                  epoch_images=50_000, loaders=tuple(LOADER_SHAPES), overhead=TINY,
-                  matmul_dtype="bfloat16" if cuda else "float32")
-    if quick:
-        return Plan(**common, train=StepShape(32, 2, 2, 16), windows=Windows(1, 2, 2),
-                    overhead_windows=Windows(2, 20, 3), probe_size=32,
-                    metrics=StepShape(32, 3, 2, 16), metric_repeats=2,
-                    sweep_base=StepShape(32, 2, 2, 8), sweep_depths=(1, 2, 4),
-                    sweep_batches=(4, 8, 16), sweep_img_sizes=(8, 16, 24), loader_repeats=2,
-                    cifar_per_batch=64, matmul_n=256)
-    return Plan(**common, train=StepShape(384, 12, 6, 1024) if cuda else StepShape(192, 6, 3, 128),
-                windows=Windows(10, 20, 3) if cuda else Windows(2, 4, 5),
-                overhead_windows=Windows(10, 100, 10), probe_size=256,
-                metrics=StepShape(192, 12, 3, 256), metric_repeats=3 if cuda else 5,
-                sweep_base=StepShape(192, 4, 3, 64), sweep_depths=(1, 2, 4, 8, 16),
-                sweep_batches=(16, 32, 64, 128, 256), sweep_img_sizes=(16, 24, 32, 40, 48),
-                loader_repeats=3, cifar_per_batch=2000, matmul_n=8192 if cuda else 2048)
+    """QUICK's sizes win over CUDA's; the precision and data path stay the device's."""
+    sizes = {**(CUDA if device == "cuda" else {}), **(QUICK if quick else {})}
+    return Plan(device, quick, **sizes)

@@ -14,11 +14,9 @@ from vitdepth.bench import callback, flops, loaders, metric_cost, training
 from vitdepth.bench.figure import Bench, Figure, Section, log
 from vitdepth.bench.plan import Plan
 
-# bench.md's order. They run in MEASURED order: a's fit first (b, e and f reuse it), then the
-# metric cost and the loaders.
 SECTIONS: tuple[Section, ...] = (training.SECTION, callback.SECTION, metric_cost.SECTION,
                                  loaders.SECTION, flops.SECTION, flops.GPU_SECTION)
-MEASURED = "abefcd"
+MEASURED = "abefcd"  # a's fit first (b, e and f reuse it), then the metric cost and the loaders
 
 
 def sections(plan: Plan) -> list[Section]:
@@ -32,8 +30,7 @@ def figures(plan: Plan) -> list[Figure]:
 
 def evaluate(results: dict, plan: Plan, busy: bool) -> dict[str, dict]:
     """Every figure of the plan beside its target and verdict: bench.json's ``figures``."""
-    return {figure.name: {**figure.judge(figure.value(results.get(section.key)), busy),
-                          "section": section.key}
+    return {figure.name: {**figure.judge(results.get(section.key), busy), "section": section.key}
             for section in sections(plan) for figure in section.figures}
 
 
@@ -45,24 +42,19 @@ def measure(plan: Plan, root: Path) -> dict:
     torch.manual_seed(0)
     bench = Bench(plan, root)
     errors = bench.results["errors"]
-    by_key = {s.key: s for s in sections(plan)}
-    for section in (by_key[key] for key in MEASURED if key in by_key):
-        failed = [key for key in section.needs if key in errors]
+    steps = [(s.key, s.measure, s.needs)
+             for s in sorted(sections(plan), key=lambda s: MEASURED.index(s.key))]
+    for key, run, needs in [*steps, ("profiles", profile_misses, ())]:
+        failed = [k for k in needs if k in errors]
         if failed:
-            errors[section.key] = f"not run: it needs section {failed[0]}, which failed"
+            errors[key] = f"not run: it needs section {failed[0]}, which failed"
             continue
-        _run(bench, section.key, section.measure, f"section {section.key}")
-    _run(bench, "profiles", profile_misses, "profiles")
+        try:
+            bench.results[key] = run(bench)
+        except Exception as error:  # noqa: BLE001 - recorded and reported; the exit status is 1
+            errors[key] = message = f"{type(error).__name__}: {error}"
+            log(f"{key} failed: {message}\n{traceback.format_exc()}")
     return bench.results
-
-
-def _run(bench: Bench, key: str, measure, what: str) -> None:
-    """``results[key] = measure(bench)``, or the error under ``results["errors"][key]``."""
-    try:
-        bench.results[key] = measure(bench)
-    except Exception as error:  # noqa: BLE001 - recorded, reported, and the exit status says so
-        bench.results["errors"][key] = message = f"{type(error).__name__}: {error}"
-        log(f"{what} failed: {message}\n{traceback.format_exc()}")
 
 
 def profile_misses(bench: Bench) -> dict[str, list[dict]]:

@@ -10,6 +10,7 @@ the clock synchronises at window edges only, so the host keeps queueing work ins
 from __future__ import annotations
 
 import cProfile
+import operator
 import os
 import pstats
 import statistics
@@ -19,12 +20,44 @@ from dataclasses import dataclass, field
 
 import torch
 
+Side = Callable[[], float]  # times one window per call and returns its seconds per call
+
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
     """A function that waits for the device's queued work (a no-op on CPU)."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.synchronize
-    return lambda: None
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
+
+
+def window(fn: Callable[[], object], calls: int = 1, warmup: int = 0,
+           sync: Callable[[], None] = lambda: None) -> float:
+    """Seconds per call over ``calls`` calls of ``fn``, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls
+
+
+@dataclass(frozen=True)
+class Windows:
+    """``rounds`` windows of ``calls`` steps, each after ``warmup`` untimed ones, interleaved
+    with the same windows of each reference."""
+
+    warmup: int
+    calls: int
+    rounds: int
+
+    @property
+    def steps(self) -> int:
+        return self.rounds * (self.warmup + self.calls)
+
+    def side(self, fn: Callable[[], object], device: torch.device | str) -> Side:
+        """One window of ``fn`` per call."""
+        sync = synchronizer(device)
+        return lambda: window(fn, self.calls, self.warmup, sync)
 
 
 @dataclass
@@ -48,43 +81,21 @@ class Timing:
                 "spread": self.spread}
 
 
-def window(fn: Callable[[], object], calls: int = 1, warmup: int = 0,
-           sync: Callable[[], None] = lambda: None) -> float:
-    """Seconds per call over ``calls`` calls of ``fn``, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / calls
-
-
-def time_calls(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5, calls: int = 1,
-               sync: Callable[[], None] = lambda: None) -> Timing:
-    """``repeats`` windows of ``calls`` calls, the first after ``warmup`` untimed calls."""
-    return Timing([window(fn, calls, warmup if i == 0 else 0, sync) for i in range(repeats)],
-                  calls)
-
-
-def interleave(sides: dict[str, Callable[[], float]], rounds: int) -> dict[str, Timing]:
-    """``rounds`` rounds of one window of each side in turn; each side returns its seconds."""
+def interleave(sides: dict[str, Side], rounds: int, untimed: int = 0) -> dict[str, Timing]:
+    """``rounds`` rounds of one window of each side in turn, after ``untimed`` rounds."""
     timings = {name: Timing() for name in sides}
-    for _ in range(rounds):
+    for i in range(untimed + rounds):
         for name, side in sides.items():
-            timings[name].seconds.append(side())
+            seconds = side()
+            if i >= untimed:
+                timings[name].seconds.append(seconds)
     return timings
 
 
-def paired_ratio(side: Timing, reference: Timing) -> float:
-    """Median over rounds of the side's seconds / its reference's, timed beside it."""
-    return statistics.median(a / b for a, b in zip(side.seconds, reference.seconds, strict=True))
-
-
-def paired_difference(side: Timing, reference: Timing) -> float:
-    """Median over rounds of the side's seconds - its reference's."""
-    return statistics.median(a - b for a, b in zip(side.seconds, reference.seconds, strict=True))
+def paired(side: Timing, reference: Timing, op=operator.truediv) -> float:
+    """Median over rounds of ``op(side's seconds, its reference's)``, timed beside it."""
+    pairs = zip(side.seconds, reference.seconds, strict=True)
+    return statistics.median(op(a, b) for a, b in pairs)
 
 
 def top_ops(fn: Callable[[], object], device: str = "cpu", rows: int = 8) -> dict:
@@ -96,13 +107,12 @@ def top_ops(fn: Callable[[], object], device: str = "cpu", rows: int = 8) -> dic
     with profile(activities=activities) as prof:
         fn()
         synchronizer(device)()
-    events = prof.key_averages()
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))
     total = sum(getattr(e, key) for e in events) or 1
-    ranked = sorted(events, key=lambda e: -getattr(e, key))[:rows]
     return {"tool": "torch.profiler", "sorted_by": key, "total_ms": total / 1e3,
             "rows": [{"name": e.key, "self_ms": getattr(e, key) / 1e3,
-                      "share": getattr(e, key) / total, "calls": e.count} for e in ranked]}
+                      "share": getattr(e, key) / total, "calls": e.count} for e in events[:rows]]}
 
 
 def top_functions(fn: Callable[[], object], rows: int = 8, sort: str = "tottime",
@@ -115,8 +125,8 @@ def top_functions(fn: Callable[[], object], rows: int = 8, sort: str = "tottime"
     column = 2 if sort == "tottime" else 3
     total = sum(v[2] for v in stats.values()) or 1
     kept = [kv for kv in stats.items() if where in kv[0][0]]
-    ranked = sorted(kept, key=lambda kv: -kv[1][column])[:rows]
+    ranked = sorted(kept, key=lambda kv: -kv[1][column])
     return {"tool": "cProfile", "sorted_by": sort, "total_ms": total * 1e3,
             "rows": [{"name": f"{name} ({file.rsplit('/', 1)[-1]}:{line})",
                       "ms": v[column] * 1e3, "share": v[column] / total, "calls": v[1]}
-                     for (file, line, name), v in ranked]}
+                     for (file, line, name), v in ranked[:rows]]}

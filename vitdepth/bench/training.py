@@ -6,7 +6,7 @@ a tiny shape whose bare CPU step takes about as long as a GPU's, the millisecond
 from __future__ import annotations
 
 import contextlib
-import copy
+import operator
 import os
 import sys
 from collections.abc import Iterator
@@ -21,7 +21,7 @@ from vitdepth.bench import loaders, loops
 from vitdepth.bench.callback import ProbeClock
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Timing, paired_difference, paired_ratio, top_functions
+from vitdepth.bench.timing import paired, top_functions
 from vitdepth.callbacks import RankCollapseCallback
 
 LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop, our `full` ViT",
@@ -49,76 +49,60 @@ class OneLinear(LightningModule):
 
 
 @contextlib.contextmanager
-def offline_wandb() -> Iterator[None]:
-    """W&B offline, as a fit on a machine without a key logs; afterwards the W&B run is finished
-    (the next fit in this process would join it) and the environment put back."""
-    with mock.patch.dict(os.environ):
-        try:
-            yield
-        finally:
-            if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
-                sys.modules["wandb"].finish()
+def full_stack(plan: Plan, steps: int, root: str) -> Iterator:
+    """``vitdepth fit``'s whole stack at ``plan.overhead``, W&B offline as on a machine without a
+    key, on synthetic data whose one epoch holds all ``steps``, so no epoch-end work (validation,
+    probe, checkpoint) falls inside a window. Afterwards the W&B run is finished (the next fit in
+    this process would join it) and the environment put back."""
+    from vitdepth.lit.cli import build_run
 
-
-def full_stack_argv(plan: Plan, steps: int) -> list[str]:
-    """``vitdepth fit`` at ``plan.overhead`` on synthetic data whose one epoch holds all
-    ``steps``, so no epoch-end work (validation, probe, checkpoint) falls inside a window."""
     shape = plan.overhead
     images = int(shape.batch_size * (steps + 2) / 0.8) + 1
-    options = {"model.embed_dim": shape.embed_dim, "model.depth": shape.depth,
-               "model.num_heads": shape.num_heads, "model.patch_size": shape.patch_size,
-               "data.dataset": "synthetic", "data.img_size": shape.img_size,
-               "data.in_chans": shape.in_chans, "data.num_samples": images,
-               "data.batch_size": shape.batch_size, "data.on_device": "false",
+    options = {**{f"model.{k}": getattr(shape, k) for k in
+                  ("embed_dim", "depth", "num_heads", "patch_size")},
+               **{f"data.{k}": getattr(shape, k) for k in ("img_size", "in_chans", "batch_size")},
+               "data.dataset": "synthetic", "data.num_samples": images, "data.on_device": "false",
                "rank_collapse.probe_size": min(plan.probe_size, images // 5),
                "trainer.max_steps": steps, "trainer.enable_progress_bar": "false",
                "trainer.accelerator": "gpu" if plan.device == "cuda" else "cpu",
                "trainer.devices": 1, "trainer.precision": plan.precision,
                "trainer.enable_model_summary": "false"}
-    return ["fit", *(arg for key, value in options.items() for arg in (f"--{key}", str(value)))]
-
-
-def stack_and_floor(plan: Plan, root: str) -> dict[str, dict[str, Timing]]:
-    """Two fits at ``plan.overhead``, each with its bare loop timed between its windows:
-    ``vitdepth fit``'s full stack (RankCollapse, Preemption, the divergence check, the CSV and
-    W&B loggers, checkpointing) and ``OneLinear`` under a lean Trainer, on the same data."""
-    from vitdepth.lit.cli import build_run
-
-    device, windows = torch.device(plan.device), plan.overhead_windows
-    with offline_wandb():
-        cli = build_run(full_stack_argv(plan, windows.steps), f"{root}/runs", wandb_mode="offline")
-        cli.datamodule.setup("fit")
-        loader = cli.datamodule.train_dataloader()
-        bare = loops.BareLoop(copy.deepcopy(cli.model.model), device, plan.precision)
-        stack = loops.Interleave({"bare": bare.side(loader, windows)}, windows, device)
-        cli.trainer.callbacks.append(stack)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    floor_module = OneLinear(plan.overhead)
-    bare = loops.BareLoop(copy.deepcopy(floor_module.model), device, plan.precision)
-    floor = loops.Interleave({"bare": bare.side(loader, windows)}, windows, device)
-    trainer = loops.lightning_trainer(plan, windows.steps, [floor], root)
-    trainer.fit(floor_module, datamodule=cli.datamodule)
-    return {"stack": stack.timings, "floor": floor.timings}
+    argv = ["fit", *(arg for key, value in options.items() for arg in (f"--{key}", str(value)))]
+    with mock.patch.dict(os.environ):
+        try:
+            yield build_run(argv, root, wandb_mode="offline")
+        finally:
+            if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+                sys.modules["wandb"].finish()
 
 
 def measure(bench: Bench) -> dict:
-    plan = bench.plan
+    plan, root = bench.plan, str(bench.root)
     bench.data = loaders.training_data(plan, bench.root)
     log(f"a/b/e: Lightning vs bare loop vs timm vs matmul, {plan.windows.rounds} rounds "
         f"({plan.train.label()})")
     probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size),
                         plan.device)
-    bench.loops = t = loops.compare_loops(plan, bench.data, str(bench.root), [probes.callback])
+    bench.loops = t = loops.compare_loops(plan, bench.data, root, [probes.callback])
     bench.probes = probes.results()
     log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
-    fits = stack_and_floor(plan, str(bench.root / "overhead"))
-    overhead, floor = (1e3 * paired_difference(fits[k]["lightning"], fits[k]["bare"])
+    windows = plan.overhead_windows
+    # Two fits at plan.overhead, each with its bare loop timed between its windows: the full stack
+    # (RankCollapse, Preemption, the divergence check, the CSV and W&B loggers, checkpointing) and
+    # OneLinear under a lean Trainer, on the same data.
+    with full_stack(plan, windows.steps, f"{root}/overhead/runs") as cli:
+        cli.datamodule.setup("fit")
+        fits = {"stack": loops.timed_fit(plan, cli.trainer, cli.model, cli.datamodule, windows)}
+    trainer = loops.lightning_trainer(plan, windows.steps, [], f"{root}/overhead")
+    fits["floor"] = loops.timed_fit(plan, trainer, OneLinear(plan.overhead), cli.datamodule,
+                                    windows)
+    overhead, floor = (1e3 * paired(fits[k]["lightning"], fits[k]["bare"], operator.sub)
                        for k in FITS)
     return {"shape": plan.train.label(), "precision": plan.precision,
             "images_per_s": {name: plan.train.batch_size / t[name].median for name in LOOPS},
             "timings": {k: v.as_dict() for k, v in t.items()},
-            "ours_over_bare": paired_ratio(t["bare"], t["lightning"]),
-            "block_over_timm": paired_ratio(t["timm"], t["bare"]),
+            "ours_over_bare": paired(t["bare"], t["lightning"]),
+            "block_over_timm": paired(t["timm"], t["bare"]),
             "overhead_shape": plan.overhead.label(), "step_overhead_ms": overhead,
             "overhead_timings": {fit: {k: v.as_dict() for k, v in timings.items()}
                                  for fit, timings in fits.items()},
@@ -128,20 +112,19 @@ def measure(bench: Bench) -> dict:
 
 def render(a: dict, plan: Plan) -> list[str]:
     w, o = plan.windows, plan.overhead_windows
-    rows = [[label, f"{a['images_per_s'][name]:,.1f}", a["timings"][name]["median_s"] * 1e3,
+    rows = [[label, a["images_per_s"][name], a["timings"][name]["median_s"] * 1e3,
              f"{a['timings'][name]['spread']:.0%}"] for name, label in LOOPS.items()]
     fits = [[FITS[fit], 1e3 * t["lightning"]["median_s"], 1e3 * t["bare"]["median_s"]]
             for fit, t in a["overhead_timings"].items()]
     data = "the device-resident loader" if plan.resident_data else "the synthetic module"
-    return [f"Model: {a['shape']}; precision {a['precision']}; timm's AdamW; label-smoothed "
-            f"cross-entropy; data: {data}. One lean fit, {w.rounds} rounds of {w.calls} steps "
-            f"after {w.warmup} warm-up steps, the bare loops and e's matmul timed between them.",
-            "", *table(["loop", "images/s", "ms/step", "spread"], rows), "",
+    return [f"Model: {a['shape']}; precision {a['precision']}; data: {data}. One lean fit, "
+            f"{w.rounds} rounds of {w.calls} steps after {w.warmup} warm-up steps, the bare loops "
+            "and e's matmul timed between them.", "",
+            *table(["loop", "images/s", "ms/step", "spread"], rows),
             f"**Per-step overhead** at {a['overhead_shape']}: {o.rounds} rounds of {o.calls} "
-            "steps, each fit with its own bare loop timed between its windows; `vitdepth fit` "
-            "builds its whole stack (CSV and offline W&B loggers, callbacks, checkpointing) with "
-            "the progress bar off. Overhead = median of paired differences.", "",
-            *table(["fit", "Lightning ms/step", "bare ms/step"], fits), ""]
+            "steps, each fit with its own bare loop timed between its windows (`vitdepth fit`: "
+            "its loggers, callbacks and checkpointing). Overhead = median of paired differences.",
+            "", *table(["fit", "Lightning ms/step", "bare ms/step"], fits)]
 
 
 def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
@@ -163,20 +146,16 @@ def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
 def overhead_profile(bench: Bench) -> list[dict]:
     """cProfile of the full stack's fit: our functions by cumulative time (what each hook, log
     call and logger costs), then every function by own time."""
-    from vitdepth.lit.cli import build_run
-
     plan, steps = bench.plan, bench.plan.overhead_windows.steps
 
     def fit() -> None:
-        with offline_wandb():
-            cli = build_run(full_stack_argv(plan, steps), str(bench.root / "profile"),
-                            wandb_mode="offline")
+        with full_stack(plan, steps, str(bench.root / "profile")) as cli:
             cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
     title = f"`vitdepth fit`, {steps} steps at {plan.overhead.label()}"
-    return [{"title": f"{title}: vitdepth's functions",
-             **top_functions(fit, 12, "cumtime", "vitdepth")},
-            {"title": f"{title}: every function", **top_functions(fit, 12)}]
+    return [{"title": f"{title}: vitdepth's functions", **top_functions(fit, sort="cumtime",
+                                                                        where="vitdepth")},
+            {"title": f"{title}: every function", **top_functions(fit)}]
 
 
 SECTION = Section(
