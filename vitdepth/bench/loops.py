@@ -74,6 +74,13 @@ def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, 
     return images, torch.randint(0, shape.num_classes, (shape.batch_size,), device=device)
 
 
+def probe_inputs(shape: StepShape, device: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A seeded ``full`` ViT at ``shape`` and a batch of random images to probe it with."""
+    torch.manual_seed(0)
+    model = build_vit("full", **shape.model_kwargs()).to(device)
+    return model, random_batch(shape, device)[0]
+
+
 class BareLoop:
     """What Lightning automates, written out, on a copy of ``model``: zero_grad, forward under the
     same autocast, label-smoothed cross-entropy, backward, AdamW step (timm's

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitdepth.bench.callback import probe_inputs
 from vitdepth.bench.figure import Bench, Figure, Section, fmt, log, table
+from vitdepth.bench.loops import probe_inputs
 from vitdepth.bench.plan import Plan, StepShape
 from vitdepth.bench.timing import interleave, paired, synchronizer, top_ops, window
 from vitdepth.metrics import squared_singular_values

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitdepth.bench import callback, flops, loaders, metric_cost, training
+from vitdepth.bench import flops, loaders, metric_cost, training
 from vitdepth.bench.figure import Bench, Figure, Section, log
 from vitdepth.bench.plan import Plan
 
-SECTIONS: tuple[Section, ...] = (training.SECTION, callback.SECTION, metric_cost.SECTION,
+SECTIONS: tuple[Section, ...] = (training.SECTION, training.PROBE_SECTION, metric_cost.SECTION,
                                  loaders.SECTION, flops.SECTION, flops.GPU_SECTION)
 MEASURED = "abefcd"  # a's fit first (b, e and f reuse it), then the metric cost and the loaders
 

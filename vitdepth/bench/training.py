@@ -1,28 +1,36 @@
 """a. ``ViTClassifier`` under Lightning against the bare loop, and our ``full`` block against
 timm's stock ``Block``, in one fit that also carries b's probe and times e's matmul peak; then, at
 a tiny shape whose bare CPU step takes about as long as a GPU's, the milliseconds a step that
-``vitdepth fit``'s stack adds to its bare loop, against those a trivial LightningModule adds."""
+``vitdepth fit``'s stack adds to its bare loop, against those a trivial LightningModule adds.
+
+b. What the rank-collapse probe costs training: the wall time each ``probe`` call stops the
+training loop (it waits for the previous probe's metrics if they are still running) against the
+probe's metric time at c's shape, and that blocking over a CIFAR-10 epoch of a's steps."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import operator
 import os
+import statistics
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from unittest import mock
 
 import torch
 import torch.nn.functional as F
-from pytorch_lightning import LightningModule
+from pytorch_lightning import Callback, LightningModule
 from timm.optim import create_optimizer_v2
 
 from vitdepth.bench import loaders, loops
-from vitdepth.bench.callback import ProbeClock
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import paired, top_functions
+from vitdepth.bench.timing import Timing, paired, synchronizer, top_functions, top_ops, window
 from vitdepth.callbacks import RankCollapseCallback
+from vitdepth.probe import probe_metrics
 
 LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop, our `full` ViT",
          "timm": "bare loop, timm stock `VisionTransformer`"}
@@ -127,20 +135,13 @@ def render(a: dict, plan: Plan) -> list[str]:
             "", *table(["fit", "Lightning ms/step", "bare ms/step"], fits)]
 
 
-def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
-    """Lightning's SimpleProfiler over a short fit: where a step's time goes, hook by hook."""
-    from pytorch_lightning.profilers import SimpleProfiler
-
-    plan, profiler = bench.plan, SimpleProfiler()
-    trainer = loops.lightning_trainer(plan, plan.windows.steps, [], str(bench.root),
-                                      profiler=profiler)
-    trainer.fit(loops.classifier(plan.train), datamodule=bench.data)
-    totals = sorted(((a, sum(d), len(d)) for a, d in profiler.recorded_durations.items() if d),
-                    key=lambda t: -t[1])
-    return [{"title": "Lightning SimpleProfiler over a short fit (hooks by total time)",
-             "tool": "pytorch_lightning SimpleProfiler", "sorted_by": "total",
-             "rows": [{"name": a, "total_s": s, "calls": n, "mean_ms": 1e3 * s / n}
-                      for a, s, n in totals[:rows]]}]
+def hook_profile(bench: Bench) -> list[dict]:
+    """cProfile of a short lean fit, Lightning's functions by cumulative time: its hooks."""
+    plan = bench.plan
+    trainer = loops.lightning_trainer(plan, plan.windows.steps, [], str(bench.root))
+    fit = functools.partial(trainer.fit, loops.classifier(plan.train), datamodule=bench.data)
+    return [{"title": "a short lean fit: Lightning's functions",
+             **top_functions(fit, sort="cumtime", where="pytorch_lightning")}]
 
 
 def overhead_profile(bench: Bench) -> list[dict]:
@@ -179,4 +180,92 @@ SECTION = Section(
                op="<=", target=1.5, profile=overhead_profile,
                cause="Our stack's per-step host work beyond Lightning's loop (self.log calls, "
                "per-batch callback hooks, logger writes); the fit's cProfile shows which."),
+    ))
+
+
+class ProbeClock(Callback):
+    """Times each ``probe`` call of a ``RankCollapseCallback`` as training makes it, and stops a
+    fit once the probes' metrics are done, as the epoch between two probes would let them be."""
+
+    def __init__(self, callback: RankCollapseCallback, device: str) -> None:
+        self.callback, self.seconds, sync = callback, [], synchronizer(device)
+        probe = callback.probe
+
+        def timed(*args, **kwargs):
+            returned = []
+            self.seconds.append(window(lambda: returned.append(probe(*args, **kwargs)), sync=sync))
+            return returned[0]
+
+        callback.probe = timed
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        trainer.should_stop = all(t.metrics_s is not None for t in self.callback.timings)
+
+    def results(self) -> dict[str, list[float]]:
+        """Per probe: seconds training was stopped, and seconds of its metrics."""
+        self.callback.flush()
+        return {"blocking_s": list(self.seconds),
+                "metrics_s": [t.metrics_s for t in self.callback.timings]}
+
+
+def probe_fit(plan: Plan, root: Path) -> dict[str, list[float]]:
+    """The probes of a fit at ``plan.metrics`` (at init, and at the end once the first probe's
+    metrics are done) on a probe batch of ``plan.metrics.batch_size`` images."""
+    shape = plan.metrics
+    train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
+    data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
+                               num_samples=5 * shape.batch_size + 50, probe_size=shape.batch_size)
+    clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size),
+                       plan.device)
+    trainer = loops.lightning_trainer(plan, 1000, [clock.callback, clock], str(root))
+    trainer.fit(loops.classifier(train), datamodule=data)
+    return clock.results()
+
+
+def measure_probe(bench: Bench) -> dict:
+    plan, blocking = bench.plan, bench.probes["blocking_s"]
+    log(f"b: probes at {plan.metrics.label()}")
+    at_c = probe_fit(plan, bench.root / "probe")
+    epoch_s = plan.epoch_images // plan.train.batch_size * bench.loops["lightning"].median
+    return {"probe_seconds": blocking, "probe_metrics_seconds": bench.probes["metrics_s"],
+            "epoch_s_scaled": epoch_s, "callback_overhead": statistics.median(blocking) / epoch_s,
+            "probes_at_c": at_c, "probe_blocking_s": statistics.median(at_c["blocking_s"]),
+            "probe_metrics_s": statistics.median(at_c["metrics_s"]),
+            "probe_blocking_over_metrics": paired(Timing(at_c["blocking_s"]),
+                                                  Timing(at_c["metrics_s"]))}
+
+
+def render_probe(b: dict, plan: Plan) -> list[str]:
+    return [f"RankCollapseCallback(every_n_epochs=1) in a one-step fit at {plan.metrics.label()} "
+            f"(probe images = batch): {len(b['probes_at_c']['blocking_s'])} probes. During a's "
+            f"fit ({plan.probe_size} probe images) the probe at init blocked "
+            f"{b['probe_seconds'][0]:.3g} s; a {plan.epoch_images:,}-image epoch of a's Lightning "
+            f"steps, scaled, not run: {b['epoch_s_scaled']:.1f} s.", ""]
+
+
+def probe_profile(bench: Bench, shape: StepShape) -> list[dict]:
+    """The operators of one ``probe_metrics`` call (forward and metrics) at ``shape``."""
+    model, images = loops.probe_inputs(shape, torch.device(bench.plan.device))
+    title = f"one probe_metrics call ({shape.label()})"
+    return [{"title": title, **top_ops(lambda: probe_metrics(model, images), bench.plan.device)}]
+
+
+PROBE_SECTION = Section(
+    "b", "Rank-collapse probe: blocking and overhead", measure=measure_probe,
+    render=render_probe,
+    needs=("a",),
+    figures=(
+        Figure("callback_overhead", what="training stopped by one probe during a's fit / a "
+               "50,000-image epoch", op="<=", target=0.02,
+               profile=lambda bench: probe_profile(bench, dataclasses.replace(
+                   bench.plan.train, batch_size=bench.plan.probe_size)),
+               cause="A probe is one eager forward of the probe batch plus float64 metrics."),
+        Figure("probe_blocking_s", what="seconds training is stopped per probe (depth 12, "
+               "width 192, 256 images)"),
+        Figure("probe_metrics_s", what="seconds of that probe's metrics"),
+        Figure("probe_blocking_over_metrics", what="`probe_blocking_s` / `probe_metrics_s`, "
+               "median over probes", op="<=", target=0.2,
+               profile=lambda bench: probe_profile(bench, bench.plan.metrics),
+               cause="Training waits while the probe computes its metrics on the host; only the "
+               "forward pass needs the model."),
     ))
