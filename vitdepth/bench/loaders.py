@@ -17,7 +17,7 @@ import torch
 from vitdepth.bench import loops
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import LOADER_SHAPES, Plan
-from vitdepth.bench.timing import Side, interleave, paired, synchronizer, top_functions, window
+from vitdepth.bench.timing import Side, interleave, once, paired, top_functions
 from vitdepth.data import ImageDataModule
 
 ON_DEVICE = "cifar10 on device"
@@ -68,7 +68,8 @@ def loader_side(loader, batches: int, device: torch.device) -> Side:
     def one_pass() -> None:
         sizes[:] = [len(x) for x, _ in itertools.islice(loader, batches)]
 
-    return lambda: window(one_pass, sync=synchronizer(device)) / sum(sizes)
+    side = once(one_pass, device)
+    return lambda: side() / sum(sizes)
 
 
 def cases(plan: Plan, batches: int) -> dict[str, tuple[str, dict, bool]]:

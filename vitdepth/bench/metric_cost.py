@@ -5,7 +5,6 @@ tokens and batch (exponents fitted in log-log; scaling.png)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import math
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch
 from vitdepth.bench.figure import Bench, Figure, Section, fmt, log, table
 from vitdepth.bench.loops import probe_inputs
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import interleave, paired, synchronizer, top_ops, window
+from vitdepth.bench.timing import interleave, once, paired, top_ops
 from vitdepth.metrics import squared_singular_values
 from vitdepth.probe import LayerMeter, eager, measure_layers, probe, probe_metrics, run_probe
 from vitdepth.rundir import atomic_write_bytes
@@ -52,16 +51,15 @@ def metrics_workload(shape: StepShape, device: torch.device):
 def measure(bench: Bench) -> dict:
     plan, device = bench.plan, torch.device(bench.plan.device)
     log(f"c: metric cost at {plan.metrics.label()}, and its scaling")
-    sync = synchronizer(device)
     metrics, model, images = metrics_workload(plan.metrics, device)
     calls = {"forward": lambda: run_probe(model, images, lambda *_: None), "metrics": metrics,
              "spectrum": lambda: metrics(SpectrumMeter),
              "probe_metrics": lambda: probe_metrics(model, images)}
-    sides = {name: (lambda fn=fn: window(fn, sync=sync)) for name, fn in calls.items()}
+    sides = {name: once(fn, device) for name, fn in calls.items()}
     parts = interleave(sides, plan.metric_repeats, untimed=1)
 
     def seconds(shape: StepShape) -> float:
-        side = functools.partial(window, metrics_workload(shape, device)[0], sync=sync)
+        side = once(metrics_workload(shape, device)[0], device)
         return interleave({"metrics": side}, plan.metric_repeats, untimed=1)["metrics"].median
 
     scaling, base = {"base": plan.sweep_base.label()}, plan.sweep_base

@@ -60,6 +60,11 @@ class Windows:
         return lambda: window(fn, self.calls, self.warmup, sync)
 
 
+def once(fn: Callable[[], object], device: torch.device | str) -> Side:
+    """A side of one call per window: a call long enough to time alone."""
+    return Windows(0, 1, 1).side(fn, device)
+
+
 @dataclass
 class Timing:
     """Seconds per call in each window (round) of ``calls`` calls."""

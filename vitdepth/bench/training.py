@@ -28,7 +28,7 @@ from timm.optim import create_optimizer_v2
 from vitdepth.bench import loaders, loops
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Timing, paired, synchronizer, top_functions, top_ops, window
+from vitdepth.bench.timing import Timing, once, paired, top_functions, top_ops
 from vitdepth.callbacks import RankCollapseCallback
 from vitdepth.probe import probe_metrics
 
@@ -188,12 +188,12 @@ class ProbeClock(Callback):
     fit once the probes' metrics are done, as the epoch between two probes would let them be."""
 
     def __init__(self, callback: RankCollapseCallback, device: str) -> None:
-        self.callback, self.seconds, sync = callback, [], synchronizer(device)
+        self.callback, self.seconds = callback, []
         probe = callback.probe
 
         def timed(*args, **kwargs):
             returned = []
-            self.seconds.append(window(lambda: returned.append(probe(*args, **kwargs)), sync=sync))
+            self.seconds.append(once(lambda: returned.append(probe(*args, **kwargs)), device)())
             return returned[0]
 
         callback.probe = timed
