@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import operator
 import os
 import statistics
@@ -135,13 +134,20 @@ def render(a: dict, plan: Plan) -> list[str]:
             "", *table(["fit", "Lightning ms/step", "bare ms/step"], fits)]
 
 
-def hook_profile(bench: Bench) -> list[dict]:
-    """cProfile of a short lean fit, Lightning's functions by cumulative time: its hooks."""
-    plan = bench.plan
-    trainer = loops.lightning_trainer(plan, plan.windows.steps, [], str(bench.root))
-    fit = functools.partial(trainer.fit, loops.classifier(plan.train), datamodule=bench.data)
-    return [{"title": "a short lean fit: Lightning's functions",
-             **top_functions(fit, sort="cumtime", where="pytorch_lightning")}]
+def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
+    """Lightning's SimpleProfiler over a short fit: where a step's time goes, hook by hook."""
+    from pytorch_lightning.profilers import SimpleProfiler
+
+    plan, profiler = bench.plan, SimpleProfiler()
+    trainer = loops.lightning_trainer(plan, plan.windows.steps, [], str(bench.root),
+                                      profiler=profiler)
+    trainer.fit(loops.classifier(plan.train), datamodule=bench.data)
+    totals = sorted(((a, sum(d), len(d)) for a, d in profiler.recorded_durations.items() if d),
+                    key=lambda t: -t[1])
+    return [{"title": "Lightning SimpleProfiler over a short fit (hooks by total time)",
+             "tool": "pytorch_lightning SimpleProfiler", "sorted_by": "total",
+             "rows": [{"name": a, "total_s": s, "calls": n, "mean_ms": 1e3 * s / n}
+                      for a, s, n in totals[:rows]]}]
 
 
 def overhead_profile(bench: Bench) -> list[dict]:
