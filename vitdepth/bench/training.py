@@ -27,7 +27,7 @@ from timm.optim import create_optimizer_v2
 from vitdepth.bench import loaders, loops
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Timing, once, paired, top_functions, top_ops
+from vitdepth.bench.timing import Timing, paired, top_functions, top_ops
 from vitdepth.callbacks import RankCollapseCallback
 from vitdepth.probe import probe_metrics
 
@@ -88,8 +88,7 @@ def measure(bench: Bench) -> dict:
     bench.data = loaders.training_data(plan, bench.root)
     log(f"a/b/e: Lightning vs bare loop vs timm vs matmul, {plan.windows.rounds} rounds "
         f"({plan.train.label()})")
-    probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size),
-                        plan.device)
+    probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size))
     bench.loops = t = loops.compare_loops(plan, bench.data, root, [probes.callback])
     bench.probes = probes.results()
     log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
@@ -190,27 +189,20 @@ SECTION = Section(
 
 
 class ProbeClock(Callback):
-    """Times each ``probe`` call of a ``RankCollapseCallback`` as training makes it, and stops a
-    fit once the probes' metrics are done, as the epoch between two probes would let them be."""
+    """Stops a fit once its probes' metrics are done, as the epoch between two probes would let
+    them be; the probes' seconds are the callback's own ``timings``."""
 
-    def __init__(self, callback: RankCollapseCallback, device: str) -> None:
-        self.callback, self.seconds = callback, []
-        probe = callback.probe
-
-        def timed(*args, **kwargs):
-            returned = []
-            self.seconds.append(once(lambda: returned.append(probe(*args, **kwargs)), device)())
-            return returned[0]
-
-        callback.probe = timed
+    def __init__(self, callback: RankCollapseCallback) -> None:
+        self.callback = callback
 
     def on_train_batch_end(self, trainer, *args) -> None:
         trainer.should_stop = all(t.metrics_s is not None for t in self.callback.timings)
 
     def results(self) -> dict[str, list[float]]:
-        """Per probe: seconds training was stopped, and seconds of its metrics."""
+        """Per probe: seconds the training thread spent on it (the probe call, then waiting for
+        and logging its metrics), and seconds of its metrics."""
         self.callback.flush()
-        return {"blocking_s": list(self.seconds),
+        return {"blocking_s": [t.stopped_s for t in self.callback.timings],
                 "metrics_s": [t.metrics_s for t in self.callback.timings]}
 
 
@@ -221,8 +213,7 @@ def probe_fit(plan: Plan, root: Path) -> dict[str, list[float]]:
     train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
     data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
                                num_samples=5 * shape.batch_size + 50, probe_size=shape.batch_size)
-    clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size),
-                       plan.device)
+    clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size))
     trainer = loops.lightning_trainer(plan, 1000, [clock.callback, clock], str(root))
     trainer.fit(loops.classifier(train), datamodule=data)
     return clock.results()

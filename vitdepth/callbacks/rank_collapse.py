@@ -43,6 +43,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.utilities import rank_zero_warn
 from typing_extensions import override
 
@@ -74,7 +75,7 @@ WORKER_NICE = 10  # the metrics thread's nice value: where it contends with trai
 class ProbeTiming:
     """Seconds of one probe (``RankCollapseCallback.timings``); ``None`` until measured.
 
-    Training stood still for ``blocking_s + waited_s``; the worker, while training went on, took
+    Training stood still for ``stopped_s``; the worker, while training went on, took
     ``forward_s + metrics_s + write_s``.
     """
 
@@ -86,6 +87,12 @@ class ProbeTiming:
     metrics_s: float | None = None  # the worker: every metric of the stored layers
     write_s: float | None = None  # the worker: rows, scalars and layers.csv
     waited_s: float = 0.0  # the training thread waiting for these metrics afterwards (flush)
+    logged_s: float = 0.0  # the training thread logging them: scalars and W&B table (flush)
+
+    @property
+    def stopped_s(self) -> float:
+        """Seconds the training thread spent on this probe: in ``probe()`` and in ``flush()``."""
+        return self.blocking_s + self.waited_s + self.logged_s
 
 
 @dataclass
@@ -180,6 +187,8 @@ class RankCollapseCallback(Callback):
         pending when the process died (its rows are missing)."""
         if trainer.is_global_zero and _forward_in_worker(pl_module.device):
             self._weights(pl_module.model, PROBE_DTYPES[self.dtype])
+        if trainer.is_global_zero and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
+            self._pool().submit(_build_wandb_table_type)
         step, probe = self._restored_step, self._restored_probe
         if step is None:
             return
@@ -289,8 +298,10 @@ class RankCollapseCallback(Callback):
             return
         start = time.perf_counter()
         measured = pending.future.result()
-        pending.timing.waited_s += time.perf_counter() - start
+        logging = time.perf_counter()
+        pending.timing.waited_s += logging - start
         self._log(pending.trainer, measured)
+        pending.timing.logged_s = time.perf_counter() - logging
 
     def run_facts(self) -> dict:
         """What run.json records about the probe."""
@@ -320,12 +331,16 @@ class RankCollapseCallback(Callback):
         else:
             layers = probe_layers(model, images, dtype)
         timing = ProbeTiming(epoch, step)
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, "rank-collapse-metrics", initializer=_yield_cpu)
-        future = self._worker.submit(self._measure, layers, eager(model).num_prefix_tokens, timing)
+        future = self._pool().submit(self._measure, layers, eager(model).num_prefix_tokens, timing)
         self._pending = _Pending(future, timing, trainer)
         self.timings.append(timing)
         timing.blocking_s = time.perf_counter() - start
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The one worker thread (made on first use): probes queue on it, one after another."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, "rank-collapse-metrics", initializer=_yield_cpu)
+        return self._worker
 
     def _weights(self, model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
         """A copy of the model in the probe's dtype, for the worker to probe while the model
@@ -420,8 +435,6 @@ class RankCollapseCallback(Callback):
 
     @staticmethod
     def _log_wandb_table(trainer: pl.Trainer, rows: list[dict], step: int) -> None:
-        from pytorch_lightning.loggers import WandbLogger
-
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 import wandb
@@ -451,6 +464,15 @@ def _forward(threads: int, model: torch.nn.Module, images: torch.Tensor,
     (which can decide how a matmul rounds): the values of a probe on the training thread."""
     torch.set_num_threads(threads)
     return probe_layers(model, images, dtype)
+
+
+def _build_wandb_table_type() -> None:
+    """Build one ``wandb.Table`` in the worker: the first one in a process costs its lazy imports
+    (0.74 s with wandb 0.31, then 0.1 ms), which the first probe's ``flush`` would otherwise
+    spend on the training thread."""
+    import wandb
+
+    wandb.Table(columns=["layer"], data=[])
 
 
 def _yield_cpu() -> None:
