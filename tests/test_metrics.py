@@ -12,6 +12,7 @@ from vitdepth.metrics import (
     attention_similarity,
     composite_norm,
     effective_rank,
+    image_entropy,
     layer_metrics,
     rel_residual,
     stable_rank,
@@ -107,6 +108,19 @@ def test_attention_entropy_is_nan_only_for_maps_with_a_negative_entry():
     assert torch.isnan(entropy[1, 0]) and torch.isfinite(entropy.flatten()[[0, 1, 3]]).all()
     p = maps[0, 0].double()
     assert entropy[0, 0].item() == pytest.approx((-(p * p.log()).sum(-1).mean() / math.log(5)).item(), rel=1e-12)
+
+
+def test_image_entropy_is_the_mean_attention_entropy_even_with_zeros_negatives_and_nan():
+    """The probe's one sum per image keeps attention_entropy's rules: 0 log 0 = 0, NaN for a map
+    with a negative (or NaN) entry, and 0 for one-hot maps."""
+    maps = torch.softmax(3 * torch.randn(6, 2, 5, 5, generator=torch.Generator().manual_seed(0)), -1)
+    maps[1, 0, 2, :2] = 0.0
+    maps[2, 1, 0, 3] = -0.01
+    maps[3, 0, 4, 4] = float("nan")
+    maps[4] = torch.eye(5)
+    expected = attention_entropy(maps).mean(-1)
+    assert torch.isnan(expected[2:4]).all() and expected[4] == 0
+    assert torch.allclose(image_entropy(maps), expected, rtol=1e-12, atol=0, equal_nan=True)
 
 
 def test_attention_similarity_of_a_map_with_itself_is_one_and_of_disjoint_maps_zero():

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vitdepth.metrics import layer_metrics
-from vitdepth.metrics.attention import column_sq_norms, similarity_of_columns
+from vitdepth.metrics import in_pieces, layer_metrics
+from vitdepth.metrics.attention import entropy_of_sums, map_metrics, similarity_of_columns
 
 LayerVisitor = Callable[[int, Tensor, "Tensor | None"], None]
 PROBE_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -213,17 +213,21 @@ class LayerMeter:
         self.rows.append({name: torch.cat([chunk[name] for chunk in chunks]) for name in chunks[0]})
 
     def _chunk(self, start: int, x: Tensor, attn: Tensor | None) -> dict[str, Tensor]:
-        attn = None if attn is None else attn.detach().to(torch.float64)  # cast once, for both attention metrics
-        row = layer_metrics(x, attn, self.num_prefix_tokens)
+        row = layer_metrics(x, None, self.num_prefix_tokens)
         row["attn_similarity"] = torch.full_like(row["rel_residual"], float("nan"))
-        sq = None if attn is None else column_sq_norms(attn)
-        if attn is not None and start in self.previous:
-            previous, previous_sq = self.previous[start]
-            row["attn_similarity"] = similarity_of_columns(previous, attn, previous_sq, sq)
         if attn is None:
             self.previous.pop(start, None)
+            return row
+        # one pass over the maps, in L2-sized pieces, for both attention metrics
+        maps = torch.empty(attn.shape, dtype=torch.float64, device=attn.device)
+        previous = self.previous.get(start)
+        if previous is None:
+            sums, smallest, sq = in_pieces(map_metrics, attn, maps)
         else:
-            self.previous[start] = (attn, sq)
+            sums, smallest, sq, dots = in_pieces(map_metrics, attn, maps, previous[0])
+            row["attn_similarity"] = similarity_of_columns(dots, previous[1], sq)
+        row["attn_entropy"] = entropy_of_sums(sums, smallest, attn.shape)
+        self.previous[start] = (maps, sq)
         return row
 
     def result(self) -> dict[str, Tensor]:

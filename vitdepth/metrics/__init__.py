@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vitdepth.metrics.attention import attention_entropy, attention_similarity
+from vitdepth.metrics.attention import attention_entropy, attention_similarity, image_entropy
 from vitdepth.metrics.rank import (
     composite_norm,
     effective_rank,
     effective_rank_of_spectrum,
     gram_spectrum,
+    in_pieces,
     l1_norm,
     linf_norm,
     rel_residual,
+    residual_norms,
     residual_ratio,
     squared_singular_values,
     stable_rank,
@@ -31,6 +33,8 @@ __all__ = [
     "effective_rank",
     "effective_rank_of_spectrum",
     "gram_spectrum",
+    "image_entropy",
+    "in_pieces",
     "l1_norm",
     "layer_metrics",
     "linf_norm",
@@ -69,18 +73,18 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
         x = tokens.detach().to(torch.float64)  # the metrics' own casts are then no-ops
         if n <= c:
             gram = x @ x.transpose(-1, -2)  # (B,N,N)
-            s2 = gram_spectrum(gram)
+            # the cosines first, while the Gram matrices are still in cache
             cosine = token_cosine_of_gram(gram[:, num_prefix_tokens:, num_prefix_tokens:])
+            s2 = gram_spectrum(gram)
             squared_norms = gram.diagonal(dim1=-2, dim2=-1)  # no pass over X for its norms
         else:
             s2, cosine = squared_singular_values(x), token_cosine(x[:, num_prefix_tokens:])
             squared_norms = x.square().sum(-1)
         norm = squared_norms.sqrt().mean(-1)
         vanished = norm < floor
-        res = token_residual(x)
-        res_fro = torch.linalg.vector_norm(res, dim=(-2, -1))
+        res_composite, res_fro, x_composite = residual_norms(x)
         scale_free = {
-            "rel_residual": composite_norm(res.abs_(), absolute=True) / composite_norm(x),
+            "rel_residual": res_composite / x_composite,
             "rel_residual_fro": res_fro / squared_norms.sum(-1).sqrt(),
             "effective_rank": effective_rank_of_spectrum(s2),
             "stable_rank": stable_rank_of_spectrum(s2),
@@ -88,6 +92,6 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
         }
         return {
             **{name: value.masked_fill(vanished, float("nan")) for name, value in scale_free.items()},
-            "attn_entropy": nan if attn is None else attention_entropy(attn).mean(-1),
+            "attn_entropy": nan if attn is None else image_entropy(attn),
             "token_norm": norm,
         }

@@ -27,25 +27,59 @@ def attention_entropy(attn: Tensor) -> Tensor:
 
 
 @float64_no_autocast
+def image_entropy(attn: Tensor) -> Tensor:
+    """``attention_entropy(attn).mean(-1)``, (B,), in fewer passes (see ``entropy_sums``)."""
+    return entropy_of_sums(*entropy_sums(attn), attn.shape)
+
+
+def entropy_sums(attn: Tensor) -> tuple[Tensor, Tensor]:
+    """Per image of float64 maps (B, H, N, N): the sum of A log A over all its maps, where
+    ``nansum`` drops each 0 log 0 = 0 * -inf = NaN, and its smallest entry."""
+    return attn.log().mul_(attn).flatten(-3).nansum(-1), attn.flatten(-3).amin(-1)
+
+
+def entropy_of_sums(sums: Tensor, smallest: Tensor, shape: torch.Size) -> Tensor:
+    """``image_entropy`` from ``entropy_sums``: the mean over heads and rows of row sums is one
+    sum, divided; NaN where the smallest entry is negative or NaN (a negative entry's log is NaN,
+    which nansum dropped)."""
+    heads, n = shape[-3], shape[-1]
+    return (sums / (-heads * n * math.log(n))).masked_fill_(~(smallest >= 0), math.nan)
+
+
+@float64_no_autocast
 def attention_similarity(attn_p: Tensor, attn_q: Tensor, eps: float = 1e-12) -> Tensor:
     """DeepViT's cross-layer similarity: cos between column t of layer p's and layer q's map
     (how token t feeds every output), averaged over heads and tokens; (B,).
     """
-    return similarity_of_columns(attn_p, attn_q, column_sq_norms(attn_p), column_sq_norms(attn_q), eps)
+    return similarity_of_columns(column_dots(attn_p, attn_q), column_sq_norms(attn_p),
+                                 column_sq_norms(attn_q), eps)
+
+
+def column_dots(attn_p: Tensor, attn_q: Tensor) -> Tensor:
+    """Dot product of each column of each map with the matching one of the other, (B, H, N).
+    ``vecdot`` reduces without the (B, H, N, N) temporary of ``(attn_p * attn_q).sum(-2)``."""
+    return torch.linalg.vecdot(attn_p, attn_q, dim=-2)
 
 
 def column_sq_norms(attn: Tensor) -> Tensor:
-    """Squared 2-norm of each column of each map, (B, H, N). ``vecdot`` reduces without the (B, H,
-    N, N) temporary of ``(attn * attn).sum(-2)``: about 7x faster on CPU for the probe's maps."""
-    return torch.linalg.vecdot(attn, attn, dim=-2)
+    """Squared 2-norm of each column of each map, (B, H, N)."""
+    return column_dots(attn, attn)
 
 
-def similarity_of_columns(attn_p: Tensor, attn_q: Tensor, sq_p: Tensor, sq_q: Tensor,
-                          eps: float = 1e-12) -> Tensor:
-    """``attention_similarity`` given both maps' ``column_sq_norms``, so a probe that compares
-    each layer with the next computes every layer's norms once."""
-    dot = torch.linalg.vecdot(attn_p, attn_q, dim=-2)
-    return (dot / (sq_p * sq_q).sqrt().clamp_min(eps)).mean((-1, -2))
+def similarity_of_columns(dots: Tensor, sq_p: Tensor, sq_q: Tensor, eps: float = 1e-12) -> Tensor:
+    """``attention_similarity`` from ``column_dots`` and both maps' ``column_sq_norms``, so a
+    probe that compares each layer with the next computes every layer's norms once."""
+    return (dots / (sq_p * sq_q).sqrt().clamp_min(eps)).mean((-1, -2))
+
+
+def map_metrics(attn: Tensor, into: Tensor, previous: Tensor | None = None) -> tuple[Tensor, ...]:
+    """The probe's one pass over a layer's maps: ``entropy_sums``, ``column_sq_norms`` and, given
+    the previous layer's float64 maps, ``column_dots`` with them, all from one float64 cast of
+    ``attn`` written into ``into`` (the probe keeps it as the next layer's previous). Autocast
+    never touches float64 tensors, so it need not be turned off here."""
+    maps = into.copy_(attn.detach())
+    measured = *entropy_sums(maps), column_sq_norms(maps)
+    return measured if previous is None else (*measured, column_dots(previous, maps))
 
 
 # DeepViT (Zhou et al. 2021, Fig. 1a) calls adjacent blocks' maps similar once their cross-layer
