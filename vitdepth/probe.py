@@ -219,6 +219,7 @@ class LayerMeter:
             self.previous.pop(start, None)
             return row
         # one pass over the maps, in L2-sized pieces, for both attention metrics
+        attn = attn.detach()
         maps = torch.empty(attn.shape, dtype=torch.float64, device=attn.device)
         previous = self.previous.get(start)
         if previous is None:

@@ -77,7 +77,7 @@ def map_metrics(attn: Tensor, into: Tensor, previous: Tensor | None = None) -> t
     the previous layer's float64 maps, ``column_dots`` with them, all from one float64 cast of
     ``attn`` written into ``into`` (the probe keeps it as the next layer's previous). Autocast
     never touches float64 tensors, so it need not be turned off here."""
-    maps = into.copy_(attn.detach())
+    maps = into.copy_(attn)
     measured = *entropy_sums(maps), column_sq_norms(maps)
     return measured if previous is None else (*measured, column_dots(previous, maps))
 

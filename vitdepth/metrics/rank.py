@@ -56,10 +56,11 @@ def residual_norms(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def abs_sums(x: Tensor) -> tuple[Tensor, ...]:
     """Column and row sums of |res(X)|, ||res(X)||_F, column and row sums of |X|: one residual
-    serves both of its norms, its absolute values taken in place."""
+    serves both of its norms, written over |X| (no second buffer to bring into the cache) and
+    its absolute values taken in place."""
     magnitude = x.abs()
     x_col, x_row = magnitude.sum(-2), magnitude.sum(-1)
-    res = token_residual(x)
+    res = torch.sub(x, x.mean(dim=-2, keepdim=True), out=magnitude)  # token_residual(x)
     fro = torch.linalg.vector_norm(res, dim=(-2, -1))
     res.abs_()
     return res.sum(-2), res.sum(-1), fro, x_col, x_row
@@ -76,7 +77,7 @@ def in_pieces(fn: Callable[..., tuple[Tensor, ...]], *tensors: Tensor,
     Other devices take the whole batch, as one launch per operation."""
     if tensors[0].device.type != "cpu" or len(tensors[0]) <= size:
         return fn(*tensors)
-    parts = [fn(*(t[i:i + size] for t in tensors)) for i in range(0, len(tensors[0]), size)]
+    parts = [fn(*piece) for piece in zip(*(t.split(size) for t in tensors), strict=True)]
     return tuple(torch.cat(part) for part in zip(*parts, strict=True))
 
 
