@@ -113,7 +113,8 @@ def test_attention_entropy_is_nan_only_for_maps_with_a_negative_entry():
 def test_image_entropy_is_the_mean_attention_entropy_even_with_zeros_negatives_and_nan():
     """The probe's one sum per image keeps attention_entropy's rules: 0 log 0 = 0, NaN for a map
     with a negative (or NaN) entry, and 0 for one-hot maps."""
-    maps = torch.softmax(3 * torch.randn(6, 2, 5, 5, generator=torch.Generator().manual_seed(0)), -1)
+    g = torch.Generator().manual_seed(0)
+    maps = torch.softmax(3 * torch.randn(6, 2, 5, 5, generator=g), -1)
     maps[1, 0, 2, :2] = 0.0
     maps[2, 1, 0, 3] = -0.01
     maps[3, 0, 4, 4] = float("nan")

@@ -169,7 +169,7 @@ def probe(model: nn.Module, images: Tensor,
     return ProbeResult(tokens, maps, keep(logits))
 
 
-CHUNK_IMAGES = 32  # 32 x 65 x 192 float64 tokens: 3.2 MB, about a core's L2 cache
+CHUNK_IMAGES = 32  # per thread; the passes over float64 elements go in smaller pieces (in_pieces)
 
 
 class LayerMeter:
@@ -187,10 +187,11 @@ class LayerMeter:
 
     def __call__(self, layer: int, x: Tensor, attn: Tensor | None) -> None:
         """Every metric is per image, so on the CPU images are measured in chunks of
-        ``CHUNK_IMAGES``, one chunk per thread with one torch thread each: a chunk's float64
-        tensors stay in its core's cache through all the passes over them, and no operation pays
-        to fork and join threads. The operations and values are those of one whole-batch pass: the
-        results are bit-identical. A GPU measures each layer whole.
+        ``CHUNK_IMAGES``, one chunk per thread with one torch thread each, so no operation pays
+        to fork and join threads; within a chunk, the memory-bound passes run in pieces that stay
+        in the core's L2 cache (``vitdepth.metrics.in_pieces``). The operations and values are
+        those of one whole-batch pass: the results are bit-identical. A GPU measures each layer
+        whole.
         """
         on_cpu = x.device.type == "cpu"
         size = CHUNK_IMAGES if on_cpu else len(x)
@@ -218,7 +219,7 @@ class LayerMeter:
         if attn is None:
             self.previous.pop(start, None)
             return row
-        # one pass over the maps, in L2-sized pieces, for both attention metrics
+        # one float64 cast of each piece of the maps serves both attention metrics
         attn = attn.detach()
         maps = torch.empty(attn.shape, dtype=torch.float64, device=attn.device)
         previous = self.previous.get(start)

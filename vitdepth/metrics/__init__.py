@@ -64,7 +64,7 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
     once, both residual norms share one residual (its absolute values taken in place), and the
     squared token norms give token_norm and ||X||_F; when N <= C one token Gram matrix X Xᵀ
     serves the spectrum (effective and stable rank), the patch-token cosines and, on its
-    diagonal, those squared norms.
+    diagonal, those squared norms. On the CPU the residual's passes run ``in_pieces``.
     """
     n, c = tokens.shape[-2:]
     nan = torch.full((tokens.shape[0],), float("nan"), dtype=torch.float64, device=tokens.device)

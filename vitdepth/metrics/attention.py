@@ -35,7 +35,8 @@ def image_entropy(attn: Tensor) -> Tensor:
 def entropy_sums(attn: Tensor) -> tuple[Tensor, Tensor]:
     """Per image of float64 maps (B, H, N, N): the sum of A log A over all its maps, where
     ``nansum`` drops each 0 log 0 = 0 * -inf = NaN, and its smallest entry."""
-    return attn.log().mul_(attn).flatten(-3).nansum(-1), attn.flatten(-3).amin(-1)
+    every_entry = (-3, -2, -1)
+    return attn.log().mul_(attn).nansum(every_entry), attn.amin(every_entry)
 
 
 def entropy_of_sums(sums: Tensor, smallest: Tensor, shape: torch.Size) -> Tensor:

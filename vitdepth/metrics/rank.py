@@ -37,7 +37,8 @@ def linf_norm(x: Tensor) -> Tensor:
 
 
 def composite_norm(x: Tensor) -> Tensor:
-    """Dong et al.'s ||X||_{1,inf} = sqrt(||X||_1 ||X||_inf); bounds the spectral norm from above."""
+    """Dong et al.'s ||X||_{1,inf} = sqrt(||X||_1 ||X||_inf); bounds the spectral norm from
+    above."""
     magnitude = x.abs()  # once for both norms, not in each of l1 and linf
     return composite_of_sums(magnitude.sum(-2), magnitude.sum(-1))
 
