@@ -1,5 +1,5 @@
-"""A section's figures (targets, known causes, the profile to run on a miss) beside its measure
-and its part of bench.md, so adding a figure touches one module; the state sections share."""
+"""A section's figures (targets, known causes) beside its measure, its part of bench.md and the
+workload profiled on a miss, so adding a figure touches one module; the state sections share."""
 
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ class Figure:
     source: tuple[str, ...] = ()  # keys to the value in the section's results; () = (name,)
     op: str | None = None  # ">=", "<=", or None for a figure reported without a target
     target: float | None = None
-    cause: str = ""  # the known cause, shown beside the profile when the figure misses
-    profile: Callable[[Bench], list[dict]] | None = None  # run when the figure misses
+    cause: str = ""  # the known cause, shown beside the section's profile when it misses
     peak_fraction: bool = False  # a fraction of a measured peak: above 1 it is an error
 
     def judge(self, section: dict | None, busy: bool) -> dict:
@@ -69,6 +68,8 @@ class Section:
     needs: tuple[str, ...] = ()  # sections whose state it reads from the Bench
     runs: Callable[[Plan], bool] = lambda plan: True
     not_run: str = ""  # bench.md's paragraph where it does not run
+    # builds (unprofiled) the call that is cProfiled once when one of the figures misses
+    workload: Callable[[Bench], Callable[[], object]] | None = None
 
 
 def fmt(value) -> str:

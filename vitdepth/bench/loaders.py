@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -17,7 +18,7 @@ import torch
 from vitdepth.bench import loops
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import LOADER_SHAPES, Plan
-from vitdepth.bench.timing import Side, interleave, once, paired, top_functions
+from vitdepth.bench.timing import Side, interleave, once, paired
 from vitdepth.data import ImageDataModule
 
 ON_DEVICE = "cifar10 on device"
@@ -139,33 +140,27 @@ def render(d: dict, plan: Plan) -> list[str]:
             *table(["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows)]
 
 
-def loader_profile(bench: Bench, label: str, **augment) -> list[dict]:
-    """cProfile of four batches of the loader ``label`` (with ``augment``'s options): its
-    per-image Python work."""
-    device, plan = label.startswith(ON_DEVICE), bench.plan
-    name = "cifar10" if device else label
-    options = {"num_samples": 8 * plan.train.batch_size} if name == "synthetic" else augment
-    loader = data_module(name, plan.train.batch_size, bench.root, on_device=device,
-                         **options).train_dataloader()
-    title = f"four batches of the {label} train loader"
-    return [{"title": title, **top_functions(loader_side(loader, 4, torch.device("cpu")))}]
+def workload(bench: Bench) -> Callable[[], None]:
+    """A pass of four batches of every loader that ran."""
+    plan, ran = bench.plan, bench.results["d"]["loaders"]
+    built = [data_module(name, plan.train.batch_size, bench.root, **options).train_dataloader()
+             for label, (name, options, _) in cases(plan, 4).items() if "error" not in ran[label]]
+    return lambda: [list(itertools.islice(loader, 4)) for loader in built]
 
 
 SECTION = Section(
-    "d", "Data loaders vs the training step", measure=measure, render=render,
+    "d", "Data loaders vs the training step", measure=measure, render=render, workload=workload,
     figures=(
         Figure("loader_over_step", what="train-loader images/s / training-step images/s at the "
                "same shape (min over default loaders)", op=">=", target=5,
-               profile=lambda bench: loader_profile(bench, bench.results["d"]["limited_by"]),
-               cause="The limiting loader's own per-image Python work; see the profile."),
+               cause="The limiting loader's own per-image Python work."),
         Figure("device_loader_over_pil_per_core", what="images/s of the on-device CIFAR-10 "
                "train loader (crop, flip, normalise) / its PIL loader on one core",
-               op=">=", target=5, profile=lambda bench: loader_profile(bench, ON_DEVICE),
+               op=">=", target=5,
                cause="On the CPU the on-device loader runs on the same cores as the step."),
         Figure("device_recipe_over_pil_per_core", what="the same with the published recipe "
                "(RandAugment and random erasing; on the device each drawn operation runs once a "
                "step on the images that drew it)", op=">=", target=5,
-               profile=lambda bench: loader_profile(bench, ON_DEVICE, **RECIPE_AUGMENT),
                cause="The recipe's operations (vitdepth/data/device_augment.py) and random "
-               "erasing share the cores with the step; see the profile."),
+               "erasing share the cores with the step."),
     ))

@@ -24,7 +24,7 @@ from timm.models.vision_transformer import VisionTransformer
 from timm.optim import create_optimizer_v2
 
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Side, Timing, Windows, synchronizer, top_ops, window
+from vitdepth.bench.timing import Side, Timing, Windows, synchronizer
 from vitdepth.lit.classifier import ViTClassifier
 from vitdepth.models import build_vit
 
@@ -113,11 +113,11 @@ class BareLoop:
         return windows.side(fetch_and_step, self.device)
 
 
-def step_side(shape: StepShape, plan: Plan) -> Side:
+def step_side(shape: StepShape, plan: Plan, compile: bool = False) -> Side:
     """A window of bare training steps on one fixed random batch of ``shape`` per call."""
     device = torch.device(plan.device)
     torch.manual_seed(0)
-    loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision)
+    loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision, compile)
     images, labels = random_batch(shape, device)
     return plan.windows.side(lambda: loop.step(images, labels), device)
 
@@ -199,15 +199,3 @@ def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (),
     return timed_fit(plan, trainer, module, datamodule, plan.windows, models, compile,
                      {"matmul": matmul_side(plan)})
 
-
-def step_profile(plan: Plan, which: str = "ours", compile: bool = False) -> dict:
-    """The operators of one bare training step (``which``: our ``full`` block or timm's)."""
-    device = torch.device(plan.device)
-    module = classifier(plan.train)
-    model = stock_timm(module.model, plan.train) if which == "timm" else module.model
-    loop = BareLoop(model, device, plan.precision, compile=compile)
-    images, labels = random_batch(plan.train, device)
-    window(lambda: loop.step(images, labels), calls=3)  # compiles, warms up
-    block = "timm stock Block" if which == "timm" else "our full block"
-    title = f"one bare training step, {block}" + (" (compiled)" if compile else "")
-    return {"title": title, **top_ops(lambda: loop.step(images, labels), plan.device)}

@@ -15,7 +15,7 @@ import torch
 from vitdepth.bench.figure import Bench, Figure, Section, fmt, log, table
 from vitdepth.bench.loops import probe_inputs
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import interleave, once, paired, top_ops
+from vitdepth.bench.timing import interleave, once, paired
 from vitdepth.metrics import squared_singular_values
 from vitdepth.probe import LayerMeter, eager, measure_layers, probe, probe_metrics, run_probe
 from vitdepth.rundir import atomic_write_bytes
@@ -124,21 +124,9 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def metrics_profile(bench: Bench) -> list[dict]:
-    """On one torch thread: torch.profiler records only the calling thread, so with more it
-    would miss the chunks ``LayerMeter`` runs in worker threads."""
-    plan, threads = bench.plan, torch.get_num_threads()
-    workload = metrics_workload(plan.metrics, torch.device(plan.device))[0]
-    torch.set_num_threads(1)
-    try:
-        return [{"title": f"all metrics after the forward pass ({plan.metrics.label()}), one "
-                 "torch thread", **top_ops(workload, plan.device)}]
-    finally:
-        torch.set_num_threads(threads)
-
-
 SECTION = Section(
     "c", "Metric cost and its scaling", measure=measure, render=render,
+    workload=lambda bench: metrics_workload(bench.plan.metrics, torch.device(bench.plan.device))[0],
     figures=(
         Figure("metrics_s_d12_b256", source=("metrics_s",), what="seconds for all metrics "
                "after the probe forward (depth 12, width 192, 256 images)"),
@@ -146,9 +134,8 @@ SECTION = Section(
                "matrices and their eigenvalues alone: the floor the 1e-12 rule fixes"),
         Figure("metrics_over_spectrum_d12_b256", source=("metrics_over_spectrum",),
                what="all metrics / their spectra alone, paired rounds", op="<=", target=1.5,
-               profile=metrics_profile,
                cause="Beyond the spectra: the float64 casts, residual norms, token cosines and "
-               "the attention maps' entropy and similarity; the one-thread profile lists them."),
+               "the attention maps' entropy and similarity."),
         *(Figure(f"metric_exponent_{factor}", source=("scaling", factor, "exponent"),
                  what=f"fitted exponent k of metric seconds ~ {factor}^k") for factor in SWEEPS),
     ))

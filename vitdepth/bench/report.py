@@ -85,18 +85,18 @@ def markdown(figs: dict, results: dict, plan, meta: dict) -> list[str]:
 
 
 def misses(figs: dict, results: dict, plan) -> list[str]:
-    """Each figure whose value misses its target, with its known cause and profiles."""
+    """Each figure that misses its target with its known cause, then its section's profile."""
     causes = {figure.name: figure.cause for figure in figures(plan)}
-    names = [name for name, f in figs.items() if f["met"] is False]
-    lines = ["## Missed targets", ""] + ([] if names else ["None.", ""])
-    for name in names:
-        lines += [f"### `{name}` = {fmt(figs[name]['value'])} (target {target(figs[name])})", "",
-                  f"Cause: {causes[name]}", ""]
-        for profile in results.get("profiles", {}).get(name, []):
-            total = f", total {profile['total_ms']:.1f} ms" if "total_ms" in profile else ""
-            rows = [[f"{v:.1%}" if k == "share" else f"`{v}`" if isinstance(v, str) else v
-                     for k, v in row.items()] for row in profile["rows"]]
-            lines += [f"Profile: {profile['title']} ({profile['tool']}, by "
-                      f"{profile['sorted_by']}{total})", "",
-                      *(table(list(profile["rows"][0]), rows) if rows else ["(no rows)", ""])]
+    lines = ["## Missed targets", ""]
+    lines += [f"- `{name}` = {fmt(f['value'])} (target {target(f)}): {causes[name]}"
+              for name, f in figs.items() if f["met"] is False] or ["None."]
+    profiles = results.get("profiles", {})
+    lines += ["", "## Profile of missed figures", ""] if profiles else [""]
+    for key, profile in profiles.items():
+        lines += [f"Section {key}'s workload once under cProfile on one torch thread, "
+                  f"{profile['total_ms']:,.0f} ms: every function by own time, then vitdepth's "
+                  "by cumulative time.", "",
+                  *table(["function", "own ms", "share", "calls"], profile["own"]),
+                  *table(["function", "cumulative ms", "share", "calls"],
+                         profile["vitdepth_cumulative"])]
     return lines

@@ -13,6 +13,7 @@ import torch
 from vitdepth.bench import flops, loaders, metric_cost, training
 from vitdepth.bench.figure import Bench, Figure, Section, log
 from vitdepth.bench.plan import Plan
+from vitdepth.bench.timing import top_functions
 
 SECTIONS: tuple[Section, ...] = (training.SECTION, training.PROBE_SECTION, metric_cost.SECTION,
                                  loaders.SECTION, flops.SECTION, flops.GPU_SECTION)
@@ -57,11 +58,13 @@ def measure(plan: Plan, root: Path) -> dict:
     return bench.results
 
 
-def profile_misses(bench: Bench) -> dict[str, list[dict]]:
-    """A profile for every figure whose value misses its target, busy machine or not."""
-    judged, profiles = evaluate(bench.results, bench.plan, busy=False), {}
-    for figure in figures(bench.plan):
-        if judged[figure.name]["met"] is False and figure.profile is not None:
-            log(f"profile: {figure.name} misses its target")
-            profiles[figure.name] = figure.profile(bench)
+def profile_misses(bench: Bench) -> dict[str, dict]:
+    """A profile of each section with a figure that misses its target, busy machine or not."""
+    missed = {f["section"] for f in evaluate(bench.results, bench.plan, False).values()
+              if f["met"] is False}
+    profiles = {}
+    for section in sections(bench.plan):
+        if section.key in missed and section.workload is not None:
+            log(f"profile: section {section.key} misses a target")
+            profiles[section.key] = top_functions(section.workload(bench))
     return profiles

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import cProfile
 import operator
-import os
 import pstats
 import statistics
 import time
@@ -103,35 +102,23 @@ def paired(side: Timing, reference: Timing, op=operator.truediv) -> float:
     return statistics.median(op(a, b) for a, b in pairs)
 
 
-def top_ops(fn: Callable[[], object], device: str = "cpu", rows: int = 8) -> dict:
-    """Run ``fn`` once under torch.profiler; the operators with the most self time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # else a CPU-only machine logs an ERROR line
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        fn()
-        synchronizer(device)()
-    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))
-    total = sum(getattr(e, key) for e in events) or 1
-    return {"tool": "torch.profiler", "sorted_by": key, "total_ms": total / 1e3,
-            "rows": [{"name": e.key, "self_ms": getattr(e, key) / 1e3,
-                      "share": getattr(e, key) / total, "calls": e.count} for e in events[:rows]]}
-
-
-def top_functions(fn: Callable[[], object], rows: int = 8, sort: str = "tottime",
-                  where: str = "") -> dict:
-    """Run ``fn`` once under cProfile; the functions (in files whose path holds ``where``) with
-    the most own or cumulative time: Python-level costs, which torch.profiler does not see."""
-    profiler = cProfile.Profile()
-    profiler.runcall(fn)
+def top_functions(fn: Callable[[], object], rows: int = 12) -> dict:
+    """Run ``fn`` once under cProfile on one torch thread (cProfile sees only the calling
+    thread, and with more the metrics run in worker threads): every function by own time, and
+    vitdepth's by cumulative time, which shows the call that holds the time."""
+    profiler, threads = cProfile.Profile(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        profiler.runcall(fn)
+    finally:
+        torch.set_num_threads(threads)
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tottime, cumtime, _)}
-    column = 2 if sort == "tottime" else 3
     total = sum(v[2] for v in stats.values()) or 1
-    kept = [kv for kv in stats.items() if where in kv[0][0]]
-    ranked = sorted(kept, key=lambda kv: -kv[1][column])
-    return {"tool": "cProfile", "sorted_by": sort, "total_ms": total * 1e3,
-            "rows": [{"name": f"{name} ({file.rsplit('/', 1)[-1]}:{line})",
-                      "ms": v[column] * 1e3, "share": v[column] / total, "calls": v[1]}
-                     for (file, line, name), v in ranked[:rows]]}
+
+    def top(column: int, where: str = "") -> list[list]:
+        ranked = sorted((kv for kv in stats.items() if where in kv[0][0]),
+                        key=lambda kv: -kv[1][column])
+        return [[f"`{name} ({file.rsplit('/', 1)[-1]}:{line})`", v[column] * 1e3,
+                 f"{v[column] / total:.1%}", v[1]] for (file, line, name), v in ranked[:rows]]
+
+    return {"total_ms": total * 1e3, "own": top(2), "vitdepth_cumulative": top(3, "/vitdepth/")}

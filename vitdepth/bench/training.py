@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import operator
 import os
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -27,9 +28,8 @@ from timm.optim import create_optimizer_v2
 from vitdepth.bench import loaders, loops
 from vitdepth.bench.figure import Bench, Figure, Section, log, table
 from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Timing, paired, top_functions, top_ops
+from vitdepth.bench.timing import Timing, paired
 from vitdepth.callbacks import RankCollapseCallback
-from vitdepth.probe import probe_metrics
 
 LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop, our `full` ViT",
          "timm": "bare loop, timm stock `VisionTransformer`"}
@@ -133,58 +133,38 @@ def render(a: dict, plan: Plan) -> list[str]:
             "", *table(["fit", "Lightning ms/step", "bare ms/step"], fits)]
 
 
-def hook_profile(bench: Bench, rows: int = 8) -> list[dict]:
-    """Lightning's SimpleProfiler over a short fit: where a step's time goes, hook by hook."""
-    from pytorch_lightning.profilers import SimpleProfiler
+def workload(bench: Bench) -> Callable[[], None]:
+    """a's fits again: the loops compared at a's shape, then the full stack at the overhead's."""
+    plan, root = bench.plan, bench.root / "profile"
 
-    plan, profiler = bench.plan, SimpleProfiler()
-    trainer = loops.lightning_trainer(plan, plan.windows.steps, [], str(bench.root),
-                                      profiler=profiler)
-    trainer.fit(loops.classifier(plan.train), datamodule=bench.data)
-    totals = sorted(((a, sum(d), len(d)) for a, d in profiler.recorded_durations.items() if d),
-                    key=lambda t: -t[1])
-    return [{"title": "Lightning SimpleProfiler over a short fit (hooks by total time)",
-             "tool": "pytorch_lightning SimpleProfiler", "sorted_by": "total",
-             "rows": [{"name": a, "total_s": s, "calls": n, "mean_ms": 1e3 * s / n}
-                      for a, s, n in totals[:rows]]}]
-
-
-def overhead_profile(bench: Bench) -> list[dict]:
-    """cProfile of the full stack's fit: our functions by cumulative time (what each hook, log
-    call and logger costs), then every function by own time."""
-    plan, steps = bench.plan, bench.plan.overhead_windows.steps
-
-    def fit() -> None:
-        with full_stack(plan, steps, str(bench.root / "profile")) as cli:
+    def fits() -> None:
+        loops.compare_loops(plan, bench.data, str(root))
+        with full_stack(plan, plan.overhead_windows.steps, str(root / "runs")) as cli:
             cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
-    title = f"`vitdepth fit`, {steps} steps at {plan.overhead.label()}"
-    return [{"title": f"{title}: vitdepth's functions", **top_functions(fit, sort="cumtime",
-                                                                        where="vitdepth")},
-            {"title": f"{title}: every function", **top_functions(fit)}]
+    return fits
 
 
 SECTION = Section(
     "a", "Lightning vs a bare loop; our block vs timm's; per-step overhead", measure=measure,
-    render=render,
+    render=render, workload=workload,
     figures=(
         Figure("ours_over_bare", what="images/s of ViTClassifier under a lean Trainer / the "
-               "bare loop", op=">=", target=0.97, profile=hook_profile,
+               "bare loop", op=">=", target=0.97,
                cause="Lightning's per-step work, independent of the model, so it weighs most "
-               "for small models; the hook profile shows where it goes."),
+               "for small models."),
         Figure("block_over_timm", what="bare-loop images/s, our `full` block / timm's `Block`",
                op=">=", target=0.98,
-               profile=lambda bench: [loops.step_profile(bench.plan, w) for w in ("ours", "timm")],
                cause="Both run the same operators in order (VariantBlock adds an `_add` call and "
-               "an `if` per branch); a gap with equal profiles is load noise."),
+               "an `if` per branch), so a gap is load noise."),
         Figure("step_overhead_ms", what="ms a step of `vitdepth fit`'s stack adds to the bare "
-               "loop, at a ~1 ms CPU step"),
+               "loop, at a tiny model's CPU step (a few ms)"),
         Figure("lightning_floor_ms", what="ms a step of a one-Linear LightningModule adds to its "
                "bare loop (Lightning's floor)"),
         Figure("step_overhead_over_floor", what="`step_overhead_ms` / `lightning_floor_ms`",
-               op="<=", target=1.5, profile=overhead_profile,
+               op="<=", target=1.5,
                cause="Our stack's per-step host work beyond Lightning's loop (self.log calls, "
-               "per-batch callback hooks, logger writes); the fit's cProfile shows which."),
+               "per-batch callback hooks, logger writes)."),
     ))
 
 
@@ -240,29 +220,19 @@ def render_probe(b: dict, plan: Plan) -> list[str]:
             f"steps, scaled, not run: {b['epoch_s_scaled']:.1f} s.", ""]
 
 
-def probe_profile(bench: Bench, shape: StepShape) -> list[dict]:
-    """The operators of one ``probe_metrics`` call (forward and metrics) at ``shape``."""
-    model, images = loops.probe_inputs(shape, torch.device(bench.plan.device))
-    title = f"one probe_metrics call ({shape.label()})"
-    return [{"title": title, **top_ops(lambda: probe_metrics(model, images), bench.plan.device)}]
-
-
 PROBE_SECTION = Section(
     "b", "Rank-collapse probe: blocking and overhead", measure=measure_probe,
-    render=render_probe,
-    needs=("a",),
+    render=render_probe, needs=("a",),
+    workload=lambda bench: functools.partial(probe_fit, bench.plan, bench.root / "profile"),
     figures=(
         Figure("callback_overhead", what="training stopped by one probe during a's fit / a "
                "50,000-image epoch", op="<=", target=0.02,
-               profile=lambda bench: probe_profile(bench, dataclasses.replace(
-                   bench.plan.train, batch_size=bench.plan.probe_size)),
                cause="A probe is one eager forward of the probe batch plus float64 metrics."),
         Figure("probe_blocking_s", what="seconds training is stopped per probe (depth 12, "
                "width 192, 256 images)"),
         Figure("probe_metrics_s", what="seconds of that probe's metrics"),
         Figure("probe_blocking_over_metrics", what="`probe_blocking_s` / `probe_metrics_s`, "
                "median over probes", op="<=", target=0.2,
-               profile=lambda bench: probe_profile(bench, bench.plan.metrics),
                cause="Training waits while the probe computes its metrics on the host; only the "
                "forward pass needs the model."),
     ))
