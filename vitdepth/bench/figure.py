@@ -87,5 +87,16 @@ def table(columns: list[str], rows: list[list]) -> list[str]:
             *("| " + " | ".join(map(fmt, row)) + " |" for row in rows), ""]
 
 
+def part(text: str, columns: list[str] = (), rows: list[list] = ()) -> list[str]:
+    """A section's part of bench.md: what was measured, how, and what against; then its table."""
+    return [text, "", *(table(columns, rows) if rows else [])]
+
+
+def spread_rows(labels: dict[str, str], timings: dict[str, dict], scale: float = 1) -> list[list]:
+    """A row per labelled timing: its median seconds times ``scale``, and its spread."""
+    return [[label, scale * timings[key]["median_s"], f"{timings[key]['spread']:.0%}"]
+            for key, label in labels.items()]
+
+
 def log(message: str) -> None:
     print(f"vitdepth bench: {message}", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitdepth.bench import loops
-from vitdepth.bench.figure import Bench, Figure, Section, log, table
+from vitdepth.bench.figure import Bench, Figure, Section, log, part
 from vitdepth.bench.plan import Plan
 from vitdepth.bench.timing import Side, Timing, paired
 
@@ -46,11 +46,9 @@ def measure(bench: Bench) -> dict:
 
 
 def render(e: dict, plan: Plan) -> list[str]:
-    m = e["matmul"]
-    return [f"FLOPs of one step's forward and backward (`FlopCounterMode`, explicit attention; "
-            f"not the optimizer): {e['flops_per_step'] / 1e9:.2f} GFLOP. Peak: a {m['n']}^3 "
-            f"{m['dtype']} matmul timed between a's windows, {m['flops_per_s'] / 1e9:,.1f} "
-            f"GFLOP/s; the bare loop's fraction of it: {e['bare_flop_fraction']:.3f}.", ""]
+    return part(f"FLOPs of one step's forward and backward at {plan.train.label()} "
+                "(`FlopCounterMode`, explicit attention; not the optimizer), against a "
+                f"{plan.matmul_n}^3 {plan.matmul_dtype} matmul timed between a's windows.")
 
 
 def measure_gpu(bench: Bench) -> dict:
@@ -71,8 +69,8 @@ def render_gpu(f: dict, plan: Plan) -> list[str]:
              f["compiled_images_per_s"][name]]
             for label, k, name in (("ours (Lightning)", "", "lightning"),
                                    ("bare loop", "_bare", "bare"))]
-    return [f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.", "",
-            *table(["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)]
+    return part(f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
+                ["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)
 
 
 def compiled_steps(bench: Bench) -> Side:

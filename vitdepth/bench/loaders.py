@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from vitdepth.bench import loops
-from vitdepth.bench.figure import Bench, Figure, Section, log, table
+from vitdepth.bench.figure import Bench, Figure, Section, log, part
 from vitdepth.bench.plan import LOADER_SHAPES, Plan
 from vitdepth.bench.timing import Side, interleave, once, paired
 from vitdepth.data import ImageDataModule
@@ -132,12 +132,10 @@ def render(d: dict, plan: Plan) -> list[str]:
              *([f"fails: `{r['error']}`", "", ""] if "error" in r else
                [r["loader_images_per_s"], r["step_images_per_s"], r["loader_over_step"]]),
              r["step_shape"]] for name, r in d["loaders"].items()]
-    return [f"Train loaders at their defaults (augmenting, `num_workers=0`): the first "
-            f"{d['batches_per_pass']} batches of a fresh pass, in rounds with the bare step on "
-            "fixed batches of each shape; ratio = median of paired ratios. Figure = the minimum "
-            f"over default loaders (italic rows are not); limiting: **{d['limited_by']}**. "
-            "On device against PIL: `--data.on_device true` against `false`, one process.", "",
-            *table(["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows)]
+    return part(f"Train loaders at their defaults (`num_workers=0`; italic: not a default), the "
+                f"first {d['batches_per_pass']} batches of a fresh pass, in rounds with the bare "
+                "step at each shape; ratio = median of paired ratios.",
+                ["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows)
 
 
 def workload(bench: Bench) -> Callable[[], None]:

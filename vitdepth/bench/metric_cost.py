@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitdepth.bench.figure import Bench, Figure, Section, fmt, log, table
+from vitdepth.bench.figure import Bench, Figure, Section, fmt, log, part, spread_rows
 from vitdepth.bench.loops import probe_inputs
 from vitdepth.bench.plan import Plan, StepShape
 from vitdepth.bench.timing import interleave, once, paired
@@ -78,16 +78,14 @@ def measure(bench: Bench) -> dict:
 
 def render(c: dict, plan: Plan) -> list[str]:
     s = c["scaling"]
-    parts = [[label, c["parts"][key]["median_s"], f"{c['parts'][key]['spread']:.0%}"]
-             for key, label in PARTS.items()]
     sweeps = [[f, ", ".join(map(str, s[f]["x"])), ", ".join(map(fmt, s[f]["seconds"])),
                f"**{s[f]['exponent']:.2f}**", s[f]["prefactor"]] for f in SWEEPS]
-    return [f"At {c['shape']} (probe images = batch), the parts interleaved in "
-            f"{plan.metric_repeats} rounds:", "",
-            *table(["part", "seconds (median)", "spread"], parts),
-            f"Scaling around {s['base']}, one factor at a time (tokens = (image / patch)^2 + 1); "
-            "least squares of log seconds on log x (scaling.png):", "",
-            *table(["factor", "x", "seconds", "exponent k", "t = a x^k, a"], sweeps)]
+    return [*part(f"At {c['shape']} (probe images = batch), the parts interleaved in "
+                  f"{plan.metric_repeats} rounds:", ["part", "seconds", "spread"],
+                  spread_rows(PARTS, c["parts"])),
+            *part(f"Scaling around {s['base']}, one factor at a time; least squares of log "
+                  "seconds on log x (scaling.png):", ["factor", "x", "seconds", "exponent k",
+                                                       "t = a x^k, a"], sweeps)]
 
 
 def plot(scaling: dict | None, path: Path, title: str) -> None:
@@ -126,7 +124,7 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
 
 SECTION = Section(
     "c", "Metric cost and its scaling", measure=measure, render=render,
-    workload=lambda bench: metrics_workload(bench.plan.metrics, torch.device(bench.plan.device))[0],
+    workload=lambda bench: metrics_workload(bench.plan.metrics, bench.plan.device)[0],
     figures=(
         Figure("metrics_s_d12_b256", source=("metrics_s",), what="seconds for all metrics "
                "after the probe forward (depth 12, width 192, 256 images)"),

@@ -53,6 +53,9 @@ class Windows:
     def steps(self) -> int:
         return self.rounds * (self.warmup + self.calls)
 
+    def label(self) -> str:
+        return f"{self.rounds} rounds of {self.calls} steps, each after {self.warmup} untimed"
+
     def side(self, fn: Callable[[], object], device: torch.device | str) -> Side:
         """One window of ``fn`` per call."""
         sync = synchronizer(device)

@@ -26,14 +26,15 @@ from pytorch_lightning import Callback, LightningModule
 from timm.optim import create_optimizer_v2
 
 from vitdepth.bench import loaders, loops
-from vitdepth.bench.figure import Bench, Figure, Section, log, table
+from vitdepth.bench.figure import Bench, Figure, Section, log, part, spread_rows
 from vitdepth.bench.plan import Plan, StepShape
 from vitdepth.bench.timing import Timing, paired
 from vitdepth.callbacks import RankCollapseCallback
 
 LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop, our `full` ViT",
          "timm": "bare loop, timm stock `VisionTransformer`"}
-FITS = {"stack": "`vitdepth fit`'s stack", "floor": "OneLinear, lean Trainer"}
+FITS = {"stack_lightning": "`vitdepth fit`'s stack", "stack_bare": "its bare loop",
+        "floor_lightning": "OneLinear, lean Trainer", "floor_bare": "its bare loop"}
 
 
 class OneLinear(LightningModule):
@@ -103,34 +104,26 @@ def measure(bench: Bench) -> dict:
     fits["floor"] = loops.timed_fit(plan, trainer, OneLinear(plan.overhead), cli.datamodule,
                                     windows)
     overhead, floor = (1e3 * paired(fits[k]["lightning"], fits[k]["bare"], operator.sub)
-                       for k in FITS)
+                       for k in ("stack", "floor"))
     return {"shape": plan.train.label(), "precision": plan.precision,
             "images_per_s": {name: plan.train.batch_size / t[name].median for name in LOOPS},
             "timings": {k: v.as_dict() for k, v in t.items()},
             "ours_over_bare": paired(t["bare"], t["lightning"]),
             "block_over_timm": paired(t["timm"], t["bare"]),
             "overhead_shape": plan.overhead.label(), "step_overhead_ms": overhead,
-            "overhead_timings": {fit: {k: v.as_dict() for k, v in timings.items()}
-                                 for fit, timings in fits.items()},
+            "overhead_timings": {f"{fit}_{side}": t.as_dict() for fit, sides in fits.items()
+                                 for side, t in sides.items()},
             "lightning_floor_ms": floor,
             "step_overhead_over_floor": overhead / floor if floor > 0 else None}
 
 
 def render(a: dict, plan: Plan) -> list[str]:
-    w, o = plan.windows, plan.overhead_windows
-    rows = [[label, a["images_per_s"][name], a["timings"][name]["median_s"] * 1e3,
-             f"{a['timings'][name]['spread']:.0%}"] for name, label in LOOPS.items()]
-    fits = [[FITS[fit], 1e3 * t["lightning"]["median_s"], 1e3 * t["bare"]["median_s"]]
-            for fit, t in a["overhead_timings"].items()]
-    data = "the device-resident loader" if plan.resident_data else "the synthetic module"
-    return [f"Model: {a['shape']}; precision {a['precision']}; data: {data}. One lean fit, "
-            f"{w.rounds} rounds of {w.calls} steps after {w.warmup} warm-up steps, the bare loops "
-            "and e's matmul timed between them.", "",
-            *table(["loop", "images/s", "ms/step", "spread"], rows),
-            f"**Per-step overhead** at {a['overhead_shape']}: {o.rounds} rounds of {o.calls} "
-            "steps, each fit with its own bare loop timed between its windows (`vitdepth fit`: "
-            "its loggers, callbacks and checkpointing). Overhead = median of paired differences.",
-            "", *table(["fit", "Lightning ms/step", "bare ms/step"], fits)]
+    return part(f"Model: {a['shape']}, {a['precision']}; one lean fit, {plan.windows.label()}, "
+                "the references timed between its windows. Per-step overhead at "
+                f"{a['overhead_shape']}: each fit with its own bare loop, "
+                f"{plan.overhead_windows.label()}; overhead = median of paired differences.",
+                ["loop", "ms/step", "spread"],
+                spread_rows(LOOPS | FITS, a["timings"] | a["overhead_timings"], 1e3))
 
 
 def workload(bench: Bench) -> Callable[[], None]:
@@ -213,11 +206,10 @@ def measure_probe(bench: Bench) -> dict:
 
 
 def render_probe(b: dict, plan: Plan) -> list[str]:
-    return [f"RankCollapseCallback(every_n_epochs=1) in a one-step fit at {plan.metrics.label()} "
-            f"(probe images = batch): {len(b['probes_at_c']['blocking_s'])} probes. During a's "
-            f"fit ({plan.probe_size} probe images) the probe at init blocked "
-            f"{b['probe_seconds'][0]:.3g} s; a {plan.epoch_images:,}-image epoch of a's Lightning "
-            f"steps, scaled, not run: {b['epoch_s_scaled']:.1f} s.", ""]
+    return part(f"RankCollapseCallback(every_n_epochs=1): the probes of a fit at "
+                f"{plan.metrics.label()} (probe images = batch), and those during a's fit "
+                f"({plan.probe_size} probe images) against a {plan.epoch_images:,}-image epoch of "
+                "a's Lightning steps, scaled, not run.")
 
 
 PROBE_SECTION = Section(
