@@ -61,13 +61,6 @@ def classifier(shape: StepShape, compile: bool = False) -> ViTClassifier:
                          label_smoothing=LABEL_SMOOTHING, compile=compile, **shape.model_kwargs())
 
 
-def stock_timm(model: torch.nn.Module, shape: StepShape) -> VisionTransformer:
-    """timm's stock ViT with ``model``'s weights (strict: our ``full`` ViT has timm's names)."""
-    stock = VisionTransformer(**shape.model_kwargs())
-    stock.load_state_dict(model.state_dict())
-    return stock
-
-
 def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     images = torch.randn(shape.batch_size, shape.in_chans, shape.img_size, shape.img_size,
                          device=device)
@@ -193,8 +186,9 @@ def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (),
     eager, timm's stock ViT) and the matmul peak timed between its windows."""
     module = classifier(plan.train, compile=compile)
     models = {"bare": module.model}
-    if not compile:
-        models["timm"] = stock_timm(module.model, plan.train)
+    if not compile:  # the same weights, strictly: our ``full`` ViT has timm's names
+        models["timm"] = VisionTransformer(**plan.train.model_kwargs())
+        models["timm"].load_state_dict(module.model.state_dict())
     trainer = lightning_trainer(plan, plan.windows.steps, list(callbacks), root)
     return timed_fit(plan, trainer, module, datamodule, plan.windows, models, compile,
                      {"matmul": matmul_side(plan)})

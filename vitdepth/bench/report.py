@@ -1,6 +1,6 @@
 """The report, a formatter of results: bench.json (everything), bench.md (every figure beside its
-target and verdict, the machine and its load, each section's part, a profile for each miss) and
-scaling.png.
+target and verdict, the machine and its load, each section's part, the profiles of missed
+figures) and scaling.png.
 
 A verdict needs an idle machine: other processes' load moves the two sides of a comparison
 apart, so where more than ``BUSY_PER_CORE`` of each core was busy with other work at the start

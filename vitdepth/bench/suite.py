@@ -1,5 +1,5 @@
-"""Runs every section of a ``Plan`` in one process, in order, then profiles the figures that
-miss their targets."""
+"""Runs every section of a ``Plan`` in one process, in order, then profiles each section with a
+figure that misses its target."""
 
 from __future__ import annotations
 
