@@ -1,8 +1,8 @@
 """What the benchmark measures, at which sizes, for a device and mode (full or ``--quick``).
 
 Full CPU sizes follow the issues: a width-192 ViT at batch 128 for training, depth 12 / width 192
-/ 256 images for the metric cost and the probe, and for the per-step overhead a model whose bare
-CPU step takes about a millisecond, as a GPU's does, so host costs per step show at their GPU
+/ 256 images for the metric cost and the probe, and for the per-step overhead a tiny model whose
+bare CPU step takes a few milliseconds, near a GPU's, so host costs per step show near their GPU
 scale. On CUDA training is ViT-S/4 at batch 1024, the H200 MFU target's shape. ``--quick``
 shrinks everything to seconds; its numbers only show that the code works.
 """
@@ -57,7 +57,7 @@ class Plan:
     precision: str = "32-true"  # Lightning precision; the bare loop uses the same autocast
     # with 3 rounds on the 2-vCPU machine, Lightning/bare swung 0.94-1.03 between runs
     windows: Windows = Windows(2, 4, 5)
-    # the per-step overhead's shape: a ~1 ms bare CPU step
+    # the per-step overhead's shape: a tiny model, a bare CPU step of a few ms
     overhead: StepShape = StepShape(32, 2, 2, 16, img_size=8, in_chans=1, patch_size=2)
     overhead_windows: Windows = Windows(10, 100, 10)
     resident_data: bool = False  # train from the device-resident CIFAR path (GPU)
