@@ -90,7 +90,7 @@ def measure(bench: Bench) -> dict:
     log(f"a/b/e: Lightning vs bare loop vs timm vs matmul, {plan.windows.rounds} rounds "
         f"({plan.train.label()})")
     probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size))
-    bench.loops = t = loops.compare_loops(plan, bench.data, root, [probes.callback])
+    bench.loops = t = loops.compare_loops(plan, bench.data, root, [probes, probes.callback])
     bench.probes = probes.results()
     log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
     windows = plan.overhead_windows
@@ -127,15 +127,15 @@ def render(a: dict, plan: Plan) -> list[str]:
 
 
 def workload(bench: Bench) -> Callable[[], None]:
-    """a's fits again: the loops compared at a's shape, then the full stack at the overhead's."""
+    """The full stack's fit at the overhead's shape: where its per-step host time goes (the
+    loops at a's shape would only show the model's own operators)."""
     plan, root = bench.plan, bench.root / "profile"
 
-    def fits() -> None:
-        loops.compare_loops(plan, bench.data, str(root))
+    def fit() -> None:
         with full_stack(plan, plan.overhead_windows.steps, str(root / "runs")) as cli:
             cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
-    return fits
+    return fit
 
 
 SECTION = Section(
@@ -162,32 +162,45 @@ SECTION = Section(
 
 
 class ProbeClock(Callback):
-    """Stops a fit once its probes' metrics are done, as the epoch between two probes would let
-    them be; the probes' seconds are the callback's own ``timings``."""
+    """The probes a fit makes while it trains, from the callback's own ``timings``. With
+    ``probes``, it makes each next probe once the previous one's metrics are done (as the epoch
+    between two probes would let them be), then stops the fit. The callback's last probe, at
+    ``on_train_end``, runs whole, since no training is left to overlap: not counted. Listed
+    before its callback, so that its ``on_train_end`` comes first."""
 
-    def __init__(self, callback: RankCollapseCallback) -> None:
-        self.callback = callback
+    def __init__(self, callback: RankCollapseCallback, probes: int | None = None) -> None:
+        self.callback, self.probes, self.during_training = callback, probes, []
 
-    def on_train_batch_end(self, trainer, *args) -> None:
-        trainer.should_stop = all(t.metrics_s is not None for t in self.callback.timings)
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        timings = self.callback.timings
+        if self.probes is None or any(t.metrics_s is None for t in timings):
+            return
+        if len(timings) < self.probes:
+            self.callback.probe(trainer, pl_module, trainer.current_epoch)
+        else:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.callback.flush()
+        self.during_training = list(self.callback.timings)
 
     def results(self) -> dict[str, list[float]]:
-        """Per probe: seconds the training thread spent on it (the probe call, then waiting for
-        and logging its metrics), and seconds of its metrics."""
-        self.callback.flush()
-        return {"blocking_s": [t.stopped_s for t in self.callback.timings],
-                "metrics_s": [t.metrics_s for t in self.callback.timings]}
+        """Per probe during training: seconds the training thread spent on it (the probe call,
+        then waiting for and logging its metrics), and seconds of its metrics."""
+        return {"blocking_s": [t.stopped_s for t in self.during_training],
+                "metrics_s": [t.metrics_s for t in self.during_training]}
 
 
 def probe_fit(plan: Plan, root: Path) -> dict[str, list[float]]:
-    """The probes of a fit at ``plan.metrics`` (at init, and at the end once the first probe's
-    metrics are done) on a probe batch of ``plan.metrics.batch_size`` images."""
+    """The probes of a fit at ``plan.metrics`` on a probe batch of ``plan.metrics.batch_size``
+    images: at init, then two more while it trains, each once the previous one is done."""
     shape = plan.metrics
     train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
     data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
                                num_samples=5 * shape.batch_size + 50, probe_size=shape.batch_size)
-    clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size))
-    trainer = loops.lightning_trainer(plan, 1000, [clock.callback, clock], str(root))
+    clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size),
+                       probes=3)
+    trainer = loops.lightning_trainer(plan, 1000, [clock, clock.callback], str(root))
     trainer.fit(loops.classifier(train), datamodule=data)
     return clock.results()
 
