@@ -220,7 +220,9 @@ def measure_probe(bench: Bench) -> dict:
 
 def render_probe(b: dict, plan: Plan) -> list[str]:
     return part(f"RankCollapseCallback(every_n_epochs=1): the probes of a fit at "
-                f"{plan.metrics.label()} (probe images = batch), and those during a's fit "
+                f"{plan.metrics.label()} (probe images = batch) made while it trains, each once "
+                "the previous one is done (the last, at `on_train_end`, runs whole with no "
+                "training left and is not counted), and those during a's fit "
                 f"({plan.probe_size} probe images) against a {plan.epoch_images:,}-image epoch of "
                 "a's Lightning steps, scaled, not run.")
 
