@@ -1,11 +1,13 @@
 """a. ``ViTClassifier`` under Lightning against the bare loop, and our ``full`` block against
 timm's stock ``Block``, in one fit that also carries b's probe and times e's matmul peak; then, at
-a tiny shape whose bare CPU step takes about as long as a GPU's, the milliseconds a step that
-``vitdepth fit``'s stack adds to its bare loop, against those a trivial LightningModule adds.
+a tiny shape (a few ms a CPU step, where per-step host costs show as on a GPU's fast step), the
+milliseconds a step that ``vitdepth fit``'s stack adds to its bare loop, against those a trivial
+LightningModule adds.
 
-b. What the rank-collapse probe costs training: the wall time each ``probe`` call stops the
-training loop (it waits for the previous probe's metrics if they are still running) against the
-probe's metric time at c's shape, and that blocking over a CIFAR-10 epoch of a's steps."""
+b. What the rank-collapse probe costs training: the seconds the training thread spends on each
+probe made while training goes on (``ProbeTiming.stopped_s``: the call, then waiting for and
+logging its metrics) against the probe's metric time at c's shape, and that over a CIFAR-10
+epoch of a's steps."""
 
 from __future__ import annotations
 

@@ -158,7 +158,6 @@ class RankCollapseCallback(Callback):
         self.images: torch.Tensor | None = None
         self.labels: torch.Tensor | None = None
         self.table: CsvTable | None = None
-        self.last_probe_step: int | None = None
         self.last_probe: tuple[int, int] | None = None  # (epoch, step), saved in checkpoints
         self.last_residual: float | None = None  # of the last probe logged
         self.timings: list[ProbeTiming] = []
@@ -195,7 +194,7 @@ class RankCollapseCallback(Callback):
         self._restored_step = self._restored_probe = None
         self.table.drop_after(step)
         if probe is not None and probe[1] == step:
-            self.last_probe_step, self.last_probe = step, probe
+            self.last_probe = probe
             written = any(int(float(r["epoch"])) == probe[0] and int(float(r["step"])) == step
                           for r in self.table.rows)
             if not written:
@@ -248,7 +247,7 @@ class RankCollapseCallback(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.last_probe_step != trainer.global_step:
+        if self.last_probe is None or self.last_probe[1] != trainer.global_step:
             self.probe(trainer, pl_module, trainer.current_epoch - 1)
         self.flush()
 
@@ -318,7 +317,7 @@ class RankCollapseCallback(Callback):
         training.
         """
         step = trainer.global_step if step is None else step
-        self.last_probe_step, self.last_probe = step, (epoch, step)
+        self.last_probe = epoch, step
         if not trainer.is_global_zero:
             return
         self.flush()

@@ -89,8 +89,8 @@ class RunCSVLogger(Logger):
     @override
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        self.table.save()
-        self.unsaved = False
+        self.unsaved = True  # the table is written at the end even when no row came
+        self.flush()
 
     def drop_after(self, step: int) -> None:
         self.table.drop_after(step)

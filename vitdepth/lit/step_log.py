@@ -3,16 +3,15 @@ cost in every step.
 
 A ``LightningModule.log`` call cost 0.3-0.4 ms of host time on a 2-vCPU machine (Lightning 2.6:
 ``_ResultCollection.log`` moves the value's result object, a torchmetrics ``Metric``, to the
-value's device with ``apply_to_collection`` over all its attributes, then updates it); three a
-step were most of what ``vitdepth fit`` added to a 1 ms step, as on a GPU's step. Yet the loggers
-receive a step value only every ``log_every_n_steps`` steps (Lightning's ``should_update_logs``),
-and an epoch mean once an epoch. Here the step values go as one dict to Lightning's own
-``log_metrics`` on just the steps whose values reach the loggers (so, unlike ``self.log``'s, they
-are not in ``trainer.callback_metrics``; behind a progress bar they go through ``self.log`` every
-step, as the bar shows them), and an epoch mean is kept as the
-steps' detached tensors, on their device, reduced once at the epoch's end into one weighted
-``self.log``: the same step values in metrics.csv and W&B, epoch means summed in float64
-(Lightning sums in float32), and no host read in a step.
+value's device with ``apply_to_collection`` over all its attributes, then updates it), and every
+logged key is then gathered again at each batch's end. Yet the loggers receive a step value only
+every ``log_every_n_steps`` steps (Lightning's ``should_update_logs``) and an epoch mean once an
+epoch. So the step values go as one dict to Lightning's own ``log_metrics`` on just the steps
+whose values reach the loggers (unlike ``self.log``'s, they are then not in
+``trainer.callback_metrics``; behind a progress bar they go through ``self.log`` every step, as
+the bar shows them). An epoch mean is kept as the steps' detached tensors, on their device,
+reduced once at the epoch's end into one weighted ``self.log``. The loggers get the same step
+values, epoch means summed in float64 (Lightning sums in float32), and no host read in a step.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ class StepLog:
         Behind a progress bar every step's values go through ``self.log``, since the bar shows
         them. Otherwise they go straight to Lightning's own ``log_metrics`` (the loggers, the
         ``epoch`` column and step, ``trainer.logged_metrics``) on the steps whose values Lightning
-        would send: at about 1 ms each, ``self.log`` calls cost more than the rest of our stack.
+        would send.
         """
         trainer, latest, self.latest = module.trainer, self.latest, {}
         if trainer.progress_bar_callback:
