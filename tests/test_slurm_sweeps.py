@@ -83,18 +83,19 @@ def test_array_sweep_matches_a_local_sweep_and_a_bad_task_fails_alone(slurm_clus
 
 
 def test_usr1_from_the_time_limit_and_from_scancel_checkpoint_requeue_and_resume(slurm_cluster, tmp_path):
-    """Both ways USR1 reaches a task. First the script's own ``--signal``: --time 1 with USR1 50 s before
-    the limit comes 10-40 s into the task (slurmctld checks limits every ~30 s), which saves an hpc
-    checkpoint at the end of that step, requeues itself and resumes mid-epoch. Once requeued, the test
-    gives the task 10 minutes, as an admin would, and sends ``scancel --signal=USR1`` after its next
-    epoch: a second checkpoint, requeue and resume.
+    """Both ways USR1 reaches a task. First the script's own ``--signal``: --time 2 with USR1 50 s before
+    the limit comes 70-100 s into the job (slurmctld checks limits every ~30 s), which saves an hpc
+    checkpoint at the end of that step, requeues itself and resumes mid-epoch. (With --time 1 it could
+    come 10 s in, and on a loaded CI machine the task died of it before its log's first line.) Once
+    requeued, the test gives the task 10 minutes, as an admin would, and sends
+    ``scancel --signal=USR1`` after its next epoch: a second checkpoint, requeue and resume.
 
     Training is bounded by time, not epochs: Lightning's ``max_time`` Timer keeps its elapsed time in
-    the checkpoints, so 75 s of training in all outlast the first signal on a machine of any speed, and
-    the test does not train a fixed number of epochs sized for the fastest one."""
+    the checkpoints, so 150 s of training in all outlast the first signal on a machine of any speed,
+    and the test does not train a fixed number of epochs sized for the fastest one."""
     grid = write_grid(tmp_path, {"model.depth": [2]}, **{"trainer.max_epochs": 100_000,
-                                                         "trainer.max_time": "00:00:01:15"})
-    job = submit(slurm_cluster, grid, "--slurm.time", "1", "--slurm.signal_lead", "50")
+                                                         "trainer.max_time": "00:00:02:30"})
+    job = submit(slurm_cluster, grid, "--slurm.time", "2", "--slurm.signal_lead", "50")
     task = f"{job}_0"
     wait_for_restarts(slurm_cluster, tmp_path, job, 1)
     slurm_cluster.run("scontrol", "update", f"JobId={task}", "TimeLimit=10")
