@@ -176,11 +176,19 @@ def test_the_training_step_reads_nothing_on_the_host_and_divergence_still_stops_
         assert model.diverged_at is None and trainer.global_step == 12
 
 
-def test_the_divergence_flag_is_read_one_step_late_and_names_the_first_bad_step():
-    watch = DivergenceWatch()
-    for step, loss in enumerate([1.0, 2.0, float("nan"), float("inf")]):
-        watch.note(torch.tensor(loss), step)
-        assert watch.read() == (2 if step == 3 else None)
+@pytest.mark.parametrize("world_size", [1, 2])  # 2: the DDP flag, all-reduced (here over one process)
+def test_the_divergence_flag_is_read_one_step_late_and_names_the_first_bad_step(world_size, tmp_path):
+    if world_size > 1:
+        torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous",
+                                             rank=0, world_size=1)
+    try:
+        watch = DivergenceWatch()
+        for step, loss in enumerate([1.0, 2.0, float("nan"), float("inf")]):
+            watch.note(torch.tensor(loss), step, world_size)
+            assert watch.read() == (2 if step == 3 else None)
+    finally:
+        if world_size > 1:
+            torch.distributed.destroy_process_group()
     late = DivergenceWatch()
     late.note(torch.tensor(float("nan")), 7)
     assert late.read() is None and late.read(newest=True) == 7  # at the end of training, the last flag too

@@ -2,44 +2,51 @@
 
 ``if not torch.isfinite(loss)`` reads the flag on the host, so every step the CPU waits for the GPU
 to finish the forward pass before it can queue the backward pass, and the GPU idles meanwhile.
-Here each step's flag stays on the device and is read at the end of the next training step, when
+Here each step's loss stays on the device and is read at the end of the next training step, when
 that step's work is already queued: a wait, if any, overlaps queued work. A diverged run therefore
 stops one step later than a synchronous check would stop it, and is still marked ``diverged`` at
 the step whose loss was first non-finite.
 
-Under DDP the flag is the maximum over ranks (one all-reduce of a scalar per step, queued on the
+Under DDP a non-finite flag is noted instead, its maximum over ranks (one all-reduce of a scalar per step, queued on the
 device like the gradients' all-reduces, with no barrier), so every rank stops at the same step: a
 rank that stopped alone would leave the others waiting in their next gradient all-reduce.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 
 class DivergenceWatch:
-    """Non-finite-loss flags of recent steps, kept on the device until they are read."""
+    """Each recent step's loss (under DDP: its non-finite flag over ranks), kept on the device
+    until it is read. A step notes the loss tensor itself, no operation queued: on a tiny model's
+    CPU step the flag's three operations cost 35 us, a tenth of Lightning's own per-step cost."""
 
     def __init__(self) -> None:
-        self.flags: list[tuple[int, Tensor]] = []
+        self.noted: list[tuple[int, Tensor, bool]] = []  # (step, value, whether it is a flag)
         self.diverged_at: int | None = None
 
     def note(self, loss: Tensor, step: int, world_size: int = 1) -> None:
-        """Record whether this step's loss is non-finite, on any rank; nothing is read on the host."""
+        """Record this step's loss, or whether it is non-finite on any rank; nothing is read."""
         if self.diverged_at is not None:
             return
+        if world_size == 1:
+            self.noted.append((step, loss.detach(), False))
+            return
         flag = (~torch.isfinite(loss.detach())).to(torch.float32)
-        if world_size > 1:
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        self.flags.append((step, flag))
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        self.noted.append((step, flag, True))
 
     def read(self, newest: bool = False) -> int | None:
-        """The first step with a non-finite loss, once known. Reads every noted flag but the newest
-        (that step's work may still be running), or all of them with ``newest=True``."""
-        ready = self.flags if newest else self.flags[:-1]
-        self.flags = self.flags[len(ready):]
-        for step, flag in ready:
-            if self.diverged_at is None and flag.item():
+        """The first step with a non-finite loss, once known. Reads every noted step but the
+        newest (that step's work may still be running), or all of them with ``newest=True``."""
+        ready = self.noted if newest else self.noted[:-1]
+        self.noted = self.noted[len(ready):]
+        for step, value, is_flag in ready:
+            number = value.item()
+            if self.diverged_at is None and (number > 0 if is_flag else not math.isfinite(number)):
                 self.diverged_at = step
         return self.diverged_at

