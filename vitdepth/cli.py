@@ -16,7 +16,7 @@ LIGHTNING_VERBS = ("fit", "validate", "test")
 # only its own verb's module: `vitdepth report`, `vitdepth sweep` (a sweep's parent process) and the
 # SLURM submission then start in about a second instead of paying torch's import (~10 s on 2 vCPUs).
 STUDY_VERBS = {"collapse": "vitdepth.collapse.cli", "report": "vitdepth.report.cli", "sweep": "vitdepth.sweep.cli",
-               "demo": "vitdepth.demo", "theory": "vitdepth.theory.cli", "bench": "vitdepth.bench.cli",
+               "demo": "vitdepth.demo", "theory": "vitdepth.theory.cli", "bench": "vitdepth.bench",
                "analyze": "vitdepth.analyze.cli", "predict": "vitdepth.predict.cli", "wandb-sync": "vitdepth.wandb_view.sync",
                "wandb-dashboard": "vitdepth.wandb_view.dashboard"}
 
