@@ -5,9 +5,8 @@ import json
 import pytest
 import torch
 
-from vitdepth.bench.plan import make_plan
-from vitdepth.bench.report import write_report
-from vitdepth.bench.suite import SECTIONS, figures
+from vitdepth.bench.core import make_plan
+from vitdepth.bench.report import SECTIONS, figures, write_report
 from vitdepth.cli import main
 
 CPU, GPU = make_plan("cpu", quick=True), make_plan("cuda", quick=True)

@@ -64,11 +64,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     torch.set_num_threads(threads)
 
-    from vitdepth.bench.figure import log
+    from vitdepth.bench.core import log, make_plan
     from vitdepth.bench.loops import quiet_lightning
-    from vitdepth.bench.plan import make_plan
-    from vitdepth.bench.report import write_report
-    from vitdepth.bench.suite import measure
+    from vitdepth.bench.report import measure, write_report
     from vitdepth.provenance import git_state, hardware, library_versions
 
     plan, quick = make_plan(args.device, args.quick), " --quick" if args.quick else ""

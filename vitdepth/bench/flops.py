@@ -10,24 +10,21 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitdepth.bench import loops
-from vitdepth.bench.figure import Bench, Figure, Section, log, part
-from vitdepth.bench.plan import Plan
-from vitdepth.bench.timing import Side, Timing, paired
+from vitdepth.bench import core, loops
 
 
-def fractions(flops: int, timings: dict[str, Timing], plan: Plan) -> dict[str, float]:
+def fractions(flops: int, timings: dict[str, core.Timing], plan: core.Plan) -> dict[str, float]:
     """Each loop's FLOP rate over the matmul's, paired round by round."""
     per_matmul = 2 * plan.matmul_n ** 3
-    return {name: flops / per_matmul * paired(timings["matmul"], timings[name])
+    return {name: flops / per_matmul * core.paired(timings["matmul"], timings[name])
             for name in ("lightning", "bare")}
 
 
-def measure(bench: Bench) -> dict:
+def measure(bench: core.Bench) -> dict:
     """FLOPs of one step's forward and backward by ``FlopCounterMode``, on a copy with timm's
     explicit attention: the counter has no formula for CPU's fused SDPA."""
     plan, device = bench.plan, torch.device(bench.plan.device)
-    log("e: FLOPs per step, against the matmul peak timed in a's rounds")
+    core.log("e: FLOPs per step, against the matmul peak timed in a's rounds")
     model = loops.classifier(plan.train).model.to(device).train()
     for block in model.blocks:
         block.attn.fused_attn = False
@@ -45,15 +42,15 @@ def measure(bench: Bench) -> dict:
             "flop_fraction": fraction["lightning"], "bare_flop_fraction": fraction["bare"]}
 
 
-def render(e: dict, plan: Plan) -> list[str]:
-    return part(f"FLOPs of one step's forward and backward at {plan.train.label()} "
-                "(`FlopCounterMode`, explicit attention; not the optimizer), against a "
-                f"{plan.matmul_n}^3 {plan.matmul_dtype} matmul timed between a's windows.")
+def render(e: dict, plan: core.Plan) -> list[str]:
+    return core.part(f"FLOPs of one step's forward and backward at {plan.train.label()} "
+                     "(`FlopCounterMode`, explicit attention; not the optimizer), against a "
+                     f"{plan.matmul_n}^3 {plan.matmul_dtype} matmul timed between a's windows.")
 
 
-def measure_gpu(bench: Bench) -> dict:
+def measure_gpu(bench: core.Bench) -> dict:
     plan = bench.plan
-    log(f"f: {plan.precision} with torch.compile (the first steps compile)")
+    core.log(f"f: {plan.precision} with torch.compile (the first steps compile)")
     compiled = loops.compare_loops(plan, bench.data, str(bench.root), compile=True)
     fraction, e = fractions(bench.flops, compiled, plan), bench.results["e"]
     return {"gpu": torch.cuda.get_device_name(0), "precision": plan.precision,
@@ -64,42 +61,44 @@ def measure_gpu(bench: Bench) -> dict:
             "mfu_bf16_compile": fraction["lightning"], "mfu_bf16_compile_bare": fraction["bare"]}
 
 
-def render_gpu(f: dict, plan: Plan) -> list[str]:
+def render_gpu(f: dict, plan: core.Plan) -> list[str]:
     rows = [[label, f"{f[f'mfu_bf16_eager{k}']:.3f}", f"{f[f'mfu_bf16_compile{k}']:.3f}",
              f["compiled_images_per_s"][name]]
             for label, k, name in (("ours (Lightning)", "", "lightning"),
                                    ("bare loop", "_bare", "bare"))]
-    return part(f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
-                ["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)
+    return core.part(f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
+                     ["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)
 
 
-def compiled_steps(bench: Bench) -> Side:
+def compiled_steps(bench: core.Bench) -> core.Side:
     """A window of compiled bare steps, compiled before the profile starts."""
     side = loops.step_side(bench.plan.train, bench.plan, compile=True)
     side()
     return side
 
 
-SECTION = Section(
+SECTION = core.Section(
     "e", "FLOP rate of the training step", measure=measure, render=render, needs=("a",),
     workload=lambda bench: loops.step_side(bench.plan.train, bench.plan),
     figures=(
-        Figure("flop_fraction", what="achieved FLOP/s of the training step / the matmul FLOP/s "
-               "timed beside it", op=">=", target=0.40, peak_fraction=True,
-               cause="The count covers only FLOPs; a ViT step also runs memory-bound operators "
-               "(LayerNorm, GELU, softmax, AdamW) and matmuls far smaller than the peak's."),
+        core.Figure("flop_fraction", op=">=", target=0.40, peak_fraction=True,
+                    what="achieved FLOP/s of the training step / the matmul FLOP/s timed beside it",
+                    cause="The count covers only FLOPs; a ViT step also runs memory-bound "
+                    "operators (LayerNorm, GELU, softmax, AdamW) and matmuls far smaller than the "
+                    "peak's."),
     ))
 
-GPU_SECTION = Section(
+GPU_SECTION = core.Section(
     "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, render=render_gpu,
     needs=("a", "e"), runs=lambda plan: plan.device == "cuda", workload=compiled_steps,
     not_run="Not run: this was a CPU benchmark. `vitdepth bench --device cuda` measures MFU at "
     "bf16-mixed, eager and compiled, at ViT-S/4, batch 1024 (results/bench/h200: an H200).",
     figures=(
-        Figure("mfu_bf16_eager", peak_fraction=True,
-               what="MFU of ViTClassifier (Lightning), bf16-mixed, eager"),
-        Figure("mfu_bf16_compile", what="MFU of ViTClassifier (Lightning), bf16-mixed, "
-               "torch.compile, vs the bf16 matmul timed beside it", op=">=", target=0.40,
-               peak_fraction=True,
-               cause="Time outside the GEMMs (attention, norms, the optimizer) and launch gaps."),
+        core.Figure("mfu_bf16_eager", peak_fraction=True,
+                    what="MFU of ViTClassifier (Lightning), bf16-mixed, eager"),
+        core.Figure("mfu_bf16_compile", op=">=", target=0.40, peak_fraction=True,
+                    what="MFU of ViTClassifier (Lightning), bf16-mixed, torch.compile, vs the bf16 "
+                    "matmul timed beside it",
+                    cause="Time outside the GEMMs (attention, norms, the optimizer) and launch "
+                    "gaps."),
     ))

@@ -1,6 +1,6 @@
 """d. Each data module's train loader against the training step it feeds, and the on-device CIFAR
-path (``--data.on_device``) against its PIL loader, interleaved in rounds with the steps. CIFAR-10
-is a small fake copy in the real on-disk format."""
+path (``--data.on_device``) against its PIL loader, in rounds with the steps. CIFAR-10 is a small
+fake copy in the real on-disk format."""
 
 from __future__ import annotations
 
@@ -15,10 +15,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from vitdepth.bench import loops
-from vitdepth.bench.figure import Bench, Figure, Section, log, part
-from vitdepth.bench.plan import LOADER_SHAPES, Plan
-from vitdepth.bench.timing import Side, interleave, once, paired
+from vitdepth.bench import core, loops
 from vitdepth.data import ImageDataModule
 
 ON_DEVICE = "cifar10 on device"
@@ -27,11 +24,11 @@ RECIPE_AUGMENT = {"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.25}
 RECIPE = f"recipe: {RECIPE_AUGMENT['auto_augment']}, re_prob {RECIPE_AUGMENT['re_prob']}"
 
 
-def write_fake_cifar10(root: Path, per_batch: int, seed: int = 0) -> None:
+def write_fake_cifar10(root: Path, per_batch: int) -> None:
     """CIFAR-10's python format (pickled dicts, uint8 rows of R, G, B planes), random pixels."""
     folder = Path(root) / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
         batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
                  "labels": [i % 10 for i in range(per_batch)]}
@@ -51,7 +48,7 @@ def data_module(name: str, batch_size: int, root: Path, **options) -> ImageDataM
     return datamodule
 
 
-def training_data(plan: Plan, root: Path) -> ImageDataModule:
+def training_data(plan: core.Plan, root: Path) -> ImageDataModule:
     """What a's loops train from: synthetic data (CPU), or fake CIFAR-10 on the GPU. The
     validation fifth holds one probe batch."""
     probe, batch = plan.probe_size, plan.train.batch_size
@@ -62,18 +59,7 @@ def training_data(plan: Plan, root: Path) -> ImageDataModule:
     return data_module("synthetic", batch, root, probe_size=probe, num_samples=images)
 
 
-def loader_side(loader, batches: int, device: torch.device) -> Side:
-    """Seconds per image over the first ``batches`` batches of a fresh pass, per call."""
-    sizes = []
-
-    def one_pass() -> None:
-        sizes[:] = [len(x) for x, _ in itertools.islice(loader, batches)]
-
-    side = once(one_pass, device)
-    return lambda: side() / sum(sizes)
-
-
-def cases(plan: Plan, batches: int) -> dict[str, tuple[str, dict, bool]]:
+def cases(plan: core.Plan, batches: int) -> dict[str, tuple[str, dict, bool]]:
     """{row: (data set, options, default)} for every loader. GPU training reads the on-device
     path, the only default there; the recipe rows are never defaults and may fail."""
     host = {"on_device": False}  # auto would move them onto a GPU
@@ -85,15 +71,26 @@ def cases(plan: Plan, batches: int) -> dict[str, tuple[str, dict, bool]]:
             f"{ON_DEVICE} ({RECIPE})": ("cifar10", {**RECIPE_AUGMENT, "on_device": True}, False)}
 
 
-def measure(bench: Bench) -> dict:
+def loader_side(loader, batches: int, device: torch.device) -> core.Side:
+    """Seconds per image over the first ``batches`` batches of a fresh pass, per call."""
+    sizes = []
+
+    def one_pass() -> None:
+        sizes[:] = [len(x) for x, _ in itertools.islice(loader, batches)]
+
+    side = core.once(one_pass, device)
+    return lambda: side() / sum(sizes)
+
+
+def measure(bench: core.Bench) -> dict:
     """Images/s of every train loader and of the bare step at its shape, in rounds."""
     plan, root = bench.plan, bench.root
-    log("d: data loaders vs the training step at each data set's shape")
+    core.log("d: data loaders vs the training step at each data set's shape")
     batches = 3 if plan.quick else 20
     write_fake_cifar10(root, plan.cifar_per_batch)
     sides, rows, shapes = {}, {}, {}
     for label, (name, options, default) in cases(plan, batches).items():
-        fields = dict(zip(("img_size", "in_chans", "patch_size"), LOADER_SHAPES[name]))
+        fields = dict(zip(("img_size", "in_chans", "patch_size"), core.LOADER_SHAPES[name]))
         shape = dataclasses.replace(plan.train, **fields)
         rows[label] = {"default": default, "step_shape": shape.label()}
         try:  # the untimed first pass: a loader that fails is reported in its row
@@ -107,18 +104,18 @@ def measure(bench: Bench) -> dict:
         sides[label], shapes[label] = side, shape
         if shape.label() not in sides:
             sides[shape.label()] = loops.step_side(shape, plan)
-    timings = interleave(sides, plan.loader_repeats)
+    timings = core.interleave(sides, plan.loader_repeats)
     for label, shape in shapes.items():
         loader, step = timings[label], timings[shape.label()]
         rows[label].update(loader_images_per_s=1 / loader.median, loader_timing=loader.as_dict(),
                            step_images_per_s=shape.batch_size / step.median,
                            step_timing=step.as_dict(),
-                           loader_over_step=paired(step, loader) / shape.batch_size)
+                           loader_over_step=core.paired(step, loader) / shape.batch_size)
     defaults = {k: r["loader_over_step"] for k, r in rows.items() if r["default"] and k in shapes}
     limiting = min(defaults, key=defaults.get)
 
     def over(device: str, pil: str) -> float | None:  # images/s per core, paired
-        return paired(timings[pil], timings[device]) if {device, pil} <= set(timings) else None
+        return core.paired(timings[pil], timings[device]) if {device, pil} <= set(timings) else None
 
     return {"loaders": rows, "loader_over_step": defaults[limiting], "limited_by": limiting,
             "batches_per_pass": batches,
@@ -127,18 +124,18 @@ def measure(bench: Bench) -> dict:
                                                     f"cifar10 ({RECIPE})")}
 
 
-def render(d: dict, plan: Plan) -> list[str]:
+def render(d: dict, plan: core.Plan) -> list[str]:
     rows = [[name if r["default"] else f"*{name}*",
              *([f"fails: `{r['error']}`", "", ""] if "error" in r else
                [r["loader_images_per_s"], r["step_images_per_s"], r["loader_over_step"]]),
              r["step_shape"]] for name, r in d["loaders"].items()]
-    return part(f"Train loaders at their defaults (`num_workers=0`; italic: not a default), the "
-                f"first {d['batches_per_pass']} batches of a fresh pass, in rounds with the bare "
-                "step at each shape; ratio = median of paired ratios.",
-                ["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows)
+    return core.part(f"Train loaders at their defaults (`num_workers=0`; italic: not a default), "
+                     f"the first {d['batches_per_pass']} batches of a fresh pass, in rounds with "
+                     "the bare step at each shape; ratio = median of paired ratios.",
+                     ["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows)
 
 
-def workload(bench: Bench) -> Callable[[], None]:
+def workload(bench: core.Bench) -> Callable[[], None]:
     """A pass of four batches of every loader that ran."""
     plan, ran = bench.plan, bench.results["d"]["loaders"]
     built = [data_module(name, plan.train.batch_size, bench.root, **options).train_dataloader()
@@ -146,19 +143,19 @@ def workload(bench: Bench) -> Callable[[], None]:
     return lambda: [list(itertools.islice(loader, 4)) for loader in built]
 
 
-SECTION = Section(
+SECTION = core.Section(
     "d", "Data loaders vs the training step", measure=measure, render=render, workload=workload,
     figures=(
-        Figure("loader_over_step", what="train-loader images/s / training-step images/s at the "
-               "same shape (min over default loaders)", op=">=", target=5,
-               cause="The limiting loader's own per-image Python work."),
-        Figure("device_loader_over_pil_per_core", what="images/s of the on-device CIFAR-10 "
-               "train loader (crop, flip, normalise) / its PIL loader on one core",
-               op=">=", target=5,
-               cause="On the CPU the on-device loader runs on the same cores as the step."),
-        Figure("device_recipe_over_pil_per_core", what="the same with the published recipe "
-               "(RandAugment and random erasing; on the device each drawn operation runs once a "
-               "step on the images that drew it)", op=">=", target=5,
-               cause="The recipe's operations (vitdepth/data/device_augment.py) and random "
-               "erasing share the cores with the step."),
+        core.Figure("loader_over_step", op=">=", target=5, what="train-loader images/s / "
+                    "training-step images/s at the same shape (min over default loaders)",
+                    cause="The limiting loader's own per-image Python work."),
+        core.Figure("device_loader_over_pil_per_core", op=">=", target=5, what="images/s of the "
+                    "on-device CIFAR-10 train loader (crop, flip, normalise) / its PIL loader on "
+                    "one core",
+                    cause="On the CPU the on-device loader runs on the same cores as the step."),
+        core.Figure("device_recipe_over_pil_per_core", op=">=", target=5, what="the same with "
+                    "the published recipe (RandAugment and random erasing; on the device each "
+                    "drawn operation runs once a step on the images that drew it)",
+                    cause="The recipe's operations (vitdepth/data/device_augment.py) and random "
+                    "erasing share the cores with the step."),
     ))

@@ -23,8 +23,7 @@ from pytorch_lightning import Callback, Trainer
 from timm.models.vision_transformer import VisionTransformer
 from timm.optim import create_optimizer_v2
 
-from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Side, Timing, Windows, synchronizer
+from vitdepth.bench.core import Plan, Side, StepShape, Timing, Windows, synchronizer
 from vitdepth.lit.classifier import ViTClassifier
 from vitdepth.models import build_vit
 

@@ -12,10 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitdepth.bench.figure import Bench, Figure, Section, fmt, log, part, spread_rows
+from vitdepth.bench import core
 from vitdepth.bench.loops import probe_inputs
-from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import interleave, once, paired
 from vitdepth.metrics import squared_singular_values
 from vitdepth.probe import LayerMeter, eager, measure_layers, probe, probe_metrics, run_probe
 from vitdepth.rundir import atomic_write_bytes
@@ -39,7 +37,7 @@ class SpectrumMeter(LayerMeter):
         return {"sigma2": squared_singular_values(x.detach().to(torch.float64))}
 
 
-def metrics_workload(shape: StepShape, device: torch.device):
+def metrics_workload(shape: core.StepShape, device: torch.device):
     """The metric pass on one probe's stored layers, as a function of the meter type (default:
     all metrics); the model and images it probed."""
     model, images = probe_inputs(shape, device)
@@ -48,19 +46,19 @@ def metrics_workload(shape: StepShape, device: torch.device):
     return (lambda meter=LayerMeter: measure_layers(stored, prefix, meter)), model, images
 
 
-def measure(bench: Bench) -> dict:
+def measure(bench: core.Bench) -> dict:
     plan, device = bench.plan, torch.device(bench.plan.device)
-    log(f"c: metric cost at {plan.metrics.label()}, and its scaling")
+    core.log(f"c: metric cost at {plan.metrics.label()}, and its scaling")
     metrics, model, images = metrics_workload(plan.metrics, device)
     calls = {"forward": lambda: run_probe(model, images, lambda *_: None), "metrics": metrics,
              "spectrum": lambda: metrics(SpectrumMeter),
              "probe_metrics": lambda: probe_metrics(model, images)}
-    sides = {name: once(fn, device) for name, fn in calls.items()}
-    parts = interleave(sides, plan.metric_repeats, untimed=1)
+    sides = {name: core.once(fn, device) for name, fn in calls.items()}
+    parts = core.interleave(sides, plan.metric_repeats, untimed=1)
 
-    def seconds(shape: StepShape) -> float:
-        side = once(metrics_workload(shape, device)[0], device)
-        return interleave({"metrics": side}, plan.metric_repeats, untimed=1)["metrics"].median
+    def seconds(shape: core.StepShape) -> float:
+        side = core.once(metrics_workload(shape, device)[0], device)
+        return core.interleave({"metrics": side}, plan.metric_repeats, untimed=1)["metrics"].median
 
     scaling, base = {"base": plan.sweep_base.label()}, plan.sweep_base
     for factor, (field, values) in SWEEPS.items():  # least squares of log t = log a + k log x
@@ -72,19 +70,19 @@ def measure(bench: Bench) -> dict:
                            "prefactor": float(math.exp(intercept))}
     return {"shape": plan.metrics.label(), "parts": {k: t.as_dict() for k, t in parts.items()},
             "metrics_s": parts["metrics"].median, "spectrum_s": parts["spectrum"].median,
-            "metrics_over_spectrum": paired(parts["metrics"], parts["spectrum"]),
+            "metrics_over_spectrum": core.paired(parts["metrics"], parts["spectrum"]),
             "scaling": scaling}
 
 
-def render(c: dict, plan: Plan) -> list[str]:
+def render(c: dict, plan: core.Plan) -> list[str]:
     s = c["scaling"]
-    sweeps = [[f, ", ".join(map(str, s[f]["x"])), ", ".join(map(fmt, s[f]["seconds"])),
+    sweeps = [[f, ", ".join(map(str, s[f]["x"])), ", ".join(map(core.fmt, s[f]["seconds"])),
                f"**{s[f]['exponent']:.2f}**", s[f]["prefactor"]] for f in SWEEPS]
-    return [*part(f"At {c['shape']} (probe images = batch), the parts interleaved in "
-                  f"{plan.metric_repeats} rounds:", ["part", "seconds", "spread"],
-                  spread_rows(PARTS, c["parts"])),
-            *part(f"Scaling around {s['base']}, one factor at a time; least squares of log "
-                  "seconds on log x (scaling.png):", ["factor", "x", "seconds", "exponent k",
+    return [*core.part(f"At {c['shape']} (probe images = batch), the parts interleaved in "
+                       f"{plan.metric_repeats} rounds:", ["part", "seconds", "spread"],
+                       core.spread_rows(PARTS, c["parts"])),
+            *core.part(f"Scaling around {s['base']}, one factor at a time; least squares of log "
+                       "seconds on log x (scaling.png):", ["factor", "x", "seconds", "exponent k",
                                                        "t = a x^k, a"], sweeps)]
 
 
@@ -122,18 +120,19 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-SECTION = Section(
+SECTION = core.Section(
     "c", "Metric cost and its scaling", measure=measure, render=render,
     workload=lambda bench: metrics_workload(bench.plan.metrics, bench.plan.device)[0],
     figures=(
-        Figure("metrics_s_d12_b256", source=("metrics_s",), what="seconds for all metrics "
-               "after the probe forward (depth 12, width 192, 256 images)"),
-        Figure("metrics_spectrum_s_d12_b256", source=("spectrum_s",), what="of those, the Gram "
-               "matrices and their eigenvalues alone: the floor the 1e-12 rule fixes"),
-        Figure("metrics_over_spectrum_d12_b256", source=("metrics_over_spectrum",),
-               what="all metrics / their spectra alone, paired rounds", op="<=", target=1.5,
-               cause="Beyond the spectra: the float64 casts, residual norms, token cosines and "
-               "the attention maps' entropy and similarity."),
-        *(Figure(f"metric_exponent_{factor}", source=("scaling", factor, "exponent"),
-                 what=f"fitted exponent k of metric seconds ~ {factor}^k") for factor in SWEEPS),
+        core.Figure("metrics_s_d12_b256", source=("metrics_s",), what="seconds for all "
+                    "metrics after the probe forward (depth 12, width 192, 256 images)"),
+        core.Figure("metrics_spectrum_s_d12_b256", source=("spectrum_s",), what="of those, the "
+                    "Gram matrices and their eigenvalues alone: the floor the 1e-12 rule fixes"),
+        core.Figure("metrics_over_spectrum_d12_b256", source=("metrics_over_spectrum",),
+                    op="<=", target=1.5, what="all metrics / their spectra alone, paired rounds",
+                    cause="Beyond the spectra: the float64 casts, residual norms, token cosines "
+                    "and the attention maps' entropy and similarity."),
+        *(core.Figure(f"metric_exponent_{factor}", source=("scaling", factor, "exponent"),
+                      what=f"fitted exponent k of metric seconds ~ {factor}^k")
+          for factor in SWEEPS),
     ))

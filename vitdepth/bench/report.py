@@ -1,6 +1,8 @@
-"""The report, a formatter of results: bench.json (everything), bench.md (every figure beside its
+"""Runs every section in one process, in order, profiles each section with a figure that misses
+its target, and formats the results: bench.json (everything), bench.md (every figure beside its
 target and verdict, the machine and its load, each section's part, the profiles of missed
-figures) and scaling.png.
+figures) and scaling.png. The sections, each module defining its figures beside their measure:
+``training`` (a, b), ``metric_cost`` (c), ``loaders`` (d), ``flops`` (e, f).
 
 A verdict needs an idle machine: other processes' load moves the two sides of a comparison
 apart, so where more than ``BUSY_PER_CORE`` of each core was busy with other work at the start
@@ -10,19 +12,75 @@ or the end, no figure is marked PASS or MISS.
 from __future__ import annotations
 
 import dataclasses
+import random
+import traceback
 from pathlib import Path
 
-from vitdepth.bench import metric_cost
-from vitdepth.bench.figure import fmt, table
-from vitdepth.bench.suite import SECTIONS, evaluate, figures
+import numpy as np
+import torch
+
+from vitdepth.bench import core, flops, loaders, metric_cost, training
 from vitdepth.rundir import atomic_write_json, atomic_write_text
 
+SECTIONS: tuple[core.Section, ...] = (training.SECTION, training.PROBE_SECTION, metric_cost.SECTION,
+                                      loaders.SECTION, flops.SECTION, flops.GPU_SECTION)
+MEASURED = "abefcd"  # a's fit first (b, e and f reuse it), then the metric cost and the loaders
 BUSY_PER_CORE = 0.5
 GLIBC_ADVICE = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296"
 SHOWN = {"ERROR": "**ERROR**", "MISS": "**MISS**", "NOT JUDGED": "not judged (busy)"}
 
 
-def write_report(out: Path, results: dict, plan, meta: dict) -> list[Path]:
+def sections(plan: core.Plan) -> list[core.Section]:
+    """The sections ``plan`` runs (f only with ``--device cuda``), in bench.md's order."""
+    return [s for s in SECTIONS if s.runs(plan)]
+
+
+def figures(plan: core.Plan) -> list[core.Figure]:
+    return [figure for section in sections(plan) for figure in section.figures]
+
+
+def evaluate(results: dict, plan: core.Plan, busy: bool) -> dict[str, dict]:
+    """Every figure of the plan beside its target and verdict: bench.json's ``figures``."""
+    return {figure.name: {**figure.judge(results.get(section.key), busy), "section": section.key}
+            for section in sections(plan) for figure in section.figures}
+
+
+def measure(plan: core.Plan, root: Path) -> dict:
+    """Every section in order; one that raises is recorded in ``results["errors"]`` (and those
+    that need it are not run) while the rest still run, so one failure never loses a run."""
+    random.seed(0)  # RandAugment draws its ops and magnitudes from Python's random
+    np.random.seed(0)
+    torch.manual_seed(0)
+    bench = core.Bench(plan, root)
+    errors = bench.results["errors"]
+    steps = [(s.key, s.measure, s.needs)
+             for s in sorted(sections(plan), key=lambda s: MEASURED.index(s.key))]
+    for key, run, needs in [*steps, ("profiles", profile_misses, ())]:
+        failed = [k for k in needs if k in errors]
+        if failed:
+            errors[key] = f"not run: it needs section {failed[0]}, which failed"
+            continue
+        try:
+            bench.results[key] = run(bench)
+        except Exception as error:  # noqa: BLE001 - recorded and reported; the exit status is 1
+            errors[key] = message = f"{type(error).__name__}: {error}"
+            core.log(f"{key} failed: {message}\n{traceback.format_exc()}")
+    return bench.results
+
+
+def profile_misses(bench: core.Bench) -> dict[str, dict]:
+    """A profile of each section with a figure that misses its target, busy machine or not."""
+    missed = {f["section"] for f in evaluate(bench.results, bench.plan, False).values()
+              if f["met"] is False}
+    profiles = {}
+    for section in sections(bench.plan):
+        if section.key in missed and section.workload is not None:
+            core.log(f"profile: section {section.key} misses a target")
+            profiles[section.key] = core.top_functions(section.workload(bench))
+    return profiles
+
+
+def write_report(out: Path, results: dict, plan: core.Plan, meta: dict) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     others = max(meta["busy_cores_start"], meta["busy_cores_end"])
     meta = {**meta, "busy": others > BUSY_PER_CORE * meta["hardware"]["cpu_count"]}
@@ -36,10 +94,10 @@ def write_report(out: Path, results: dict, plan, meta: dict) -> list[Path]:
 
 
 def target(f: dict) -> str:
-    return "—" if f["op"] is None else f"{f['op']} {fmt(float(f['target']))}"
+    return "—" if f["op"] is None else f"{f['op']} {core.fmt(float(f['target']))}"
 
 
-def markdown(figs: dict, results: dict, plan, meta: dict) -> list[str]:
+def markdown(figs: dict, results: dict, plan: core.Plan, meta: dict) -> list[str]:
     hw, git, glibc = meta["hardware"], meta["git"], meta["glibc_tunables"]
     commit = (f"git {git['commit'][:10]}" + (" with uncommitted changes" if git["dirty"] else "")
               if git else "not a git checkout")
@@ -69,8 +127,8 @@ def markdown(figs: dict, results: dict, plan, meta: dict) -> list[str]:
                   "(ratios move little). This run " + ("had it set." if had else "did not."), ""]
     rows = [[f"`{name}`", f["value"], target(f), SHOWN.get(f["verdict"], f["verdict"]),
              f"({f['section']}) {f['what']}"] for name, f in figs.items()]
-    lines += ["## Figures", "", *table(["figure", "value", "target", "result", "what"], rows)]
-    errors = [f"- `{name}` = {fmt(f['value'])}: {f['error']}" for name, f in figs.items()
+    lines += ["## Figures", "", *core.table(["figure", "value", "target", "result", "what"], rows)]
+    errors = [f"- `{name}` = {core.fmt(f['value'])}: {f['error']}" for name, f in figs.items()
               if f["error"]]
     lines += [*errors, ""] if errors else []
     for section in SECTIONS:
@@ -84,11 +142,11 @@ def markdown(figs: dict, results: dict, plan, meta: dict) -> list[str]:
     return lines + misses(figs, results, plan)
 
 
-def misses(figs: dict, results: dict, plan) -> list[str]:
+def misses(figs: dict, results: dict, plan: core.Plan) -> list[str]:
     """Each figure that misses its target with its known cause, then its section's profile."""
     causes = {figure.name: figure.cause for figure in figures(plan)}
     lines = ["## Missed targets", ""]
-    lines += [f"- `{name}` = {fmt(f['value'])} (target {target(f)}): {causes[name]}"
+    lines += [f"- `{name}` = {core.fmt(f['value'])} (target {target(f)}): {causes[name]}"
               for name, f in figs.items() if f["met"] is False] or ["None."]
     profiles = results.get("profiles", {})
     lines += ["", "## Profile of missed figures", ""] if profiles else [""]
@@ -96,7 +154,7 @@ def misses(figs: dict, results: dict, plan) -> list[str]:
         lines += [f"Section {key}'s workload once under cProfile on one torch thread, "
                   f"{profile['total_ms']:,.0f} ms: every function by own time, then vitdepth's "
                   "by cumulative time.", "",
-                  *table(["function", "own ms", "share", "calls"], profile["own"]),
-                  *table(["function", "cumulative ms", "share", "calls"],
-                         profile["vitdepth_cumulative"])]
+                  *core.table(["function", "own ms", "share", "calls"], profile["own"]),
+                  *core.table(["function", "cumulative ms", "share", "calls"],
+                              profile["vitdepth_cumulative"])]
     return lines

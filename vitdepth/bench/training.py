@@ -1,13 +1,10 @@
 """a. ``ViTClassifier`` under Lightning against the bare loop, and our ``full`` block against
-timm's stock ``Block``, in one fit that also carries b's probe and times e's matmul peak; then, at
-a tiny shape (a few ms a CPU step, where per-step host costs show as on a GPU's fast step), the
-milliseconds a step that ``vitdepth fit``'s stack adds to its bare loop, against those a trivial
-LightningModule adds.
+timm's, in one fit that also carries b's probe and times e's matmul peak; then, at a tiny shape
+(a few ms a CPU step, where per-step host costs show as on a GPU), the milliseconds a step of
+``vitdepth fit``'s stack adds to its bare loop, against those a trivial LightningModule adds.
 
-b. What the rank-collapse probe costs training: the seconds the training thread spends on each
-probe made while training goes on (``ProbeTiming.stopped_s``: the call, then waiting for and
-logging its metrics) against the probe's metric time at c's shape, and that over a CIFAR-10
-epoch of a's steps."""
+b. The seconds the training thread spends on each probe made while training goes on
+(``ProbeTiming.stopped_s``) against the probe's metric time at c's shape, and over an epoch."""
 
 from __future__ import annotations
 
@@ -27,10 +24,7 @@ import torch.nn.functional as F
 from pytorch_lightning import Callback, LightningModule
 from timm.optim import create_optimizer_v2
 
-from vitdepth.bench import loaders, loops
-from vitdepth.bench.figure import Bench, Figure, Section, log, part, spread_rows
-from vitdepth.bench.plan import Plan, StepShape
-from vitdepth.bench.timing import Timing, paired
+from vitdepth.bench import core, loaders, loops
 from vitdepth.callbacks import RankCollapseCallback
 
 LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop, our `full` ViT",
@@ -40,10 +34,10 @@ FITS = {"stack_lightning": "`vitdepth fit`'s stack", "stack_bare": "its bare loo
 
 
 class OneLinear(LightningModule):
-    """Lightning's own floor: one Linear layer on the flattened images, nothing logged, the
-    optimizer and loss of ``ViTClassifier``."""
+    """Lightning's own floor: one Linear layer, nothing logged, ``ViTClassifier``'s optimizer
+    and loss."""
 
-    def __init__(self, shape: StepShape) -> None:
+    def __init__(self, shape: core.StepShape) -> None:
         super().__init__()
         pixels = shape.in_chans * shape.img_size ** 2
         self.model = torch.nn.Sequential(torch.nn.Flatten(),
@@ -59,11 +53,11 @@ class OneLinear(LightningModule):
 
 
 @contextlib.contextmanager
-def full_stack(plan: Plan, steps: int, root: str) -> Iterator:
-    """``vitdepth fit``'s whole stack at ``plan.overhead``, W&B offline as on a machine without a
-    key, on synthetic data whose one epoch holds all ``steps``, so no epoch-end work (validation,
-    probe, checkpoint) falls inside a window. Afterwards the W&B run is finished (the next fit in
-    this process would join it) and the environment put back."""
+def full_stack(plan: core.Plan, steps: int, root: str) -> Iterator:
+    """``vitdepth fit``'s whole stack at ``plan.overhead``, W&B offline as without a key, on
+    synthetic data whose one epoch holds all ``steps``, so no epoch-end work (validation, probe,
+    checkpoint) falls inside a window. Then the W&B run is finished (the next fit in this process
+    would join it) and the environment put back."""
     from vitdepth.lit.cli import build_run
 
     shape = plan.overhead
@@ -86,32 +80,31 @@ def full_stack(plan: Plan, steps: int, root: str) -> Iterator:
                 sys.modules["wandb"].finish()
 
 
-def measure(bench: Bench) -> dict:
+def measure(bench: core.Bench) -> dict:
     plan, root = bench.plan, str(bench.root)
     bench.data = loaders.training_data(plan, bench.root)
-    log(f"a/b/e: Lightning vs bare loop vs timm vs matmul, {plan.windows.rounds} rounds "
-        f"({plan.train.label()})")
+    core.log(f"a/b/e: Lightning vs bare loop vs timm vs matmul, {plan.windows.rounds} rounds "
+             f"({plan.train.label()})")
     probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size))
     bench.loops = t = loops.compare_loops(plan, bench.data, root, [probes, probes.callback])
     bench.probes = probes.results()
-    log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
+    core.log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
+    # the full stack (RankCollapse, Preemption, the divergence check, CSV and W&B loggers,
+    # checkpointing), then OneLinear under a lean Trainer on the same data
     windows = plan.overhead_windows
-    # Two fits at plan.overhead, each with its bare loop timed between its windows: the full stack
-    # (RankCollapse, Preemption, the divergence check, the CSV and W&B loggers, checkpointing) and
-    # OneLinear under a lean Trainer, on the same data.
     with full_stack(plan, windows.steps, f"{root}/overhead/runs") as cli:
         cli.datamodule.setup("fit")
         fits = {"stack": loops.timed_fit(plan, cli.trainer, cli.model, cli.datamodule, windows)}
     trainer = loops.lightning_trainer(plan, windows.steps, [], f"{root}/overhead")
     fits["floor"] = loops.timed_fit(plan, trainer, OneLinear(plan.overhead), cli.datamodule,
                                     windows)
-    overhead, floor = (1e3 * paired(fits[k]["lightning"], fits[k]["bare"], operator.sub)
+    overhead, floor = (1e3 * core.paired(fits[k]["lightning"], fits[k]["bare"], operator.sub)
                        for k in ("stack", "floor"))
     return {"shape": plan.train.label(), "precision": plan.precision,
             "images_per_s": {name: plan.train.batch_size / t[name].median for name in LOOPS},
             "timings": {k: v.as_dict() for k, v in t.items()},
-            "ours_over_bare": paired(t["bare"], t["lightning"]),
-            "block_over_timm": paired(t["timm"], t["bare"]),
+            "ours_over_bare": core.paired(t["bare"], t["lightning"]),
+            "block_over_timm": core.paired(t["timm"], t["bare"]),
             "overhead_shape": plan.overhead.label(), "step_overhead_ms": overhead,
             "overhead_timings": {f"{fit}_{side}": t.as_dict() for fit, sides in fits.items()
                                  for side, t in sides.items()},
@@ -119,18 +112,19 @@ def measure(bench: Bench) -> dict:
             "step_overhead_over_floor": overhead / floor if floor > 0 else None}
 
 
-def render(a: dict, plan: Plan) -> list[str]:
-    return part(f"Model: {a['shape']}, {a['precision']}; one lean fit, {plan.windows.label()}, "
-                "the references timed between its windows. Per-step overhead at "
-                f"{a['overhead_shape']}: each fit with its own bare loop, "
-                f"{plan.overhead_windows.label()}; overhead = median of paired differences.",
-                ["loop", "ms/step", "spread"],
-                spread_rows(LOOPS | FITS, a["timings"] | a["overhead_timings"], 1e3))
+def render(a: dict, plan: core.Plan) -> list[str]:
+    text = (f"Model: {a['shape']}, {a['precision']}; one lean fit, {plan.windows.label()}, the "
+            f"references timed between its windows. Per-step overhead at {a['overhead_shape']}: "
+            f"each fit with its own bare loop, {plan.overhead_windows.label()}; overhead = "
+            "median of paired differences.")
+    timings = a["timings"] | a["overhead_timings"]
+    return core.part(text, ["loop", "ms/step", "spread"],
+                     core.spread_rows(LOOPS | FITS, timings, 1e3))
 
 
-def workload(bench: Bench) -> Callable[[], None]:
-    """The full stack's fit at the overhead's shape: where its per-step host time goes (the
-    loops at a's shape would only show the model's own operators)."""
+def workload(bench: core.Bench) -> Callable[[], None]:
+    """The full stack's fit at the overhead's shape: where its per-step host time goes (at a's
+    shape the profile would show only the model's own operators)."""
     plan, root = bench.plan, bench.root / "profile"
 
     def fit() -> None:
@@ -140,35 +134,34 @@ def workload(bench: Bench) -> Callable[[], None]:
     return fit
 
 
-SECTION = Section(
+SECTION = core.Section(
     "a", "Lightning vs a bare loop; our block vs timm's; per-step overhead", measure=measure,
     render=render, workload=workload,
     figures=(
-        Figure("ours_over_bare", what="images/s of ViTClassifier under a lean Trainer / the "
-               "bare loop", op=">=", target=0.97,
-               cause="Lightning's per-step work, independent of the model, so it weighs most "
-               "for small models."),
-        Figure("block_over_timm", what="bare-loop images/s, our `full` block / timm's `Block`",
-               op=">=", target=0.98,
-               cause="Both run the same operators in order (VariantBlock adds an `_add` call and "
-               "an `if` per branch), so a gap is load noise."),
-        Figure("step_overhead_ms", what="ms a step of `vitdepth fit`'s stack adds to the bare "
-               "loop, at a tiny model's CPU step (a few ms)"),
-        Figure("lightning_floor_ms", what="ms a step of a one-Linear LightningModule adds to its "
-               "bare loop (Lightning's floor)"),
-        Figure("step_overhead_over_floor", what="`step_overhead_ms` / `lightning_floor_ms`",
-               op="<=", target=1.5,
-               cause="Our stack's per-step host work beyond Lightning's loop (self.log calls, "
-               "per-batch callback hooks, logger writes)."),
+        core.Figure("ours_over_bare", op=">=", target=0.97,
+                    what="images/s of ViTClassifier under a lean Trainer / the bare loop",
+                    cause="Lightning's per-step work, independent of the model, so it weighs "
+                    "most for small models."),
+        core.Figure("block_over_timm", op=">=", target=0.98,
+                    what="bare-loop images/s, our `full` block / timm's `Block`",
+                    cause="Both run the same operators in order (VariantBlock adds an `_add` "
+                    "call and an `if` per branch), so a gap is load noise."),
+        core.Figure("step_overhead_ms", what="ms a step of `vitdepth fit`'s stack adds to the "
+                    "bare loop, at a tiny model's CPU step (a few ms)"),
+        core.Figure("lightning_floor_ms", what="ms a step of a one-Linear LightningModule adds "
+                    "to its bare loop (Lightning's floor)"),
+        core.Figure("step_overhead_over_floor", op="<=", target=1.5,
+                    what="`step_overhead_ms` / `lightning_floor_ms`",
+                    cause="Our stack's per-step host work beyond Lightning's loop (self.log "
+                    "calls, per-batch callback hooks, logger writes)."),
     ))
 
 
 class ProbeClock(Callback):
-    """The probes a fit makes while it trains, from the callback's own ``timings``. With
-    ``probes``, it makes each next probe once the previous one's metrics are done (as the epoch
-    between two probes would let them be), then stops the fit. The callback's last probe, at
-    ``on_train_end``, runs whole, since no training is left to overlap: not counted. Listed
-    before its callback, so that its ``on_train_end`` comes first."""
+    """The probes a fit makes while it trains, from the callback's ``timings``. With ``probes``,
+    it makes each next probe once the previous one's metrics are done (as the epoch between two
+    would let them be), then stops the fit. The last probe, at ``on_train_end``, has no training
+    left to overlap: not counted. Listed before its callback, so its ``on_train_end`` is first."""
 
     def __init__(self, callback: RankCollapseCallback, probes: int | None = None) -> None:
         self.callback, self.probes, self.during_training = callback, probes, []
@@ -187,15 +180,15 @@ class ProbeClock(Callback):
         self.during_training = list(self.callback.timings)
 
     def results(self) -> dict[str, list[float]]:
-        """Per probe during training: seconds the training thread spent on it (the probe call,
-        then waiting for and logging its metrics), and seconds of its metrics."""
+        """Per probe: seconds the training thread spent on it (the call, then waiting for and
+        logging its metrics), and seconds of its metrics."""
         return {"blocking_s": [t.stopped_s for t in self.during_training],
                 "metrics_s": [t.metrics_s for t in self.during_training]}
 
 
-def probe_fit(plan: Plan, root: Path) -> dict[str, list[float]]:
-    """The probes of a fit at ``plan.metrics`` on a probe batch of ``plan.metrics.batch_size``
-    images: at init, then two more while it trains, each once the previous one is done."""
+def probe_fit(plan: core.Plan, root: Path) -> dict[str, list[float]]:
+    """The probes of a fit at ``plan.metrics`` (probe images = its batch): at init, then two
+    more while it trains, each once the previous one is done."""
     shape = plan.metrics
     train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
     data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
@@ -207,41 +200,41 @@ def probe_fit(plan: Plan, root: Path) -> dict[str, list[float]]:
     return clock.results()
 
 
-def measure_probe(bench: Bench) -> dict:
+def measure_probe(bench: core.Bench) -> dict:
     plan, blocking = bench.plan, bench.probes["blocking_s"]
-    log(f"b: probes at {plan.metrics.label()}")
+    core.log(f"b: probes at {plan.metrics.label()}")
     at_c = probe_fit(plan, bench.root / "probe")
     epoch_s = plan.epoch_images // plan.train.batch_size * bench.loops["lightning"].median
     return {"probe_seconds": blocking, "probe_metrics_seconds": bench.probes["metrics_s"],
             "epoch_s_scaled": epoch_s, "callback_overhead": statistics.median(blocking) / epoch_s,
             "probes_at_c": at_c, "probe_blocking_s": statistics.median(at_c["blocking_s"]),
             "probe_metrics_s": statistics.median(at_c["metrics_s"]),
-            "probe_blocking_over_metrics": paired(Timing(at_c["blocking_s"]),
-                                                  Timing(at_c["metrics_s"]))}
+            "probe_blocking_over_metrics": core.paired(core.Timing(at_c["blocking_s"]),
+                                                       core.Timing(at_c["metrics_s"]))}
 
 
-def render_probe(b: dict, plan: Plan) -> list[str]:
-    return part(f"RankCollapseCallback(every_n_epochs=1): the probes of a fit at "
-                f"{plan.metrics.label()} (probe images = batch) made while it trains, each once "
-                "the previous one is done (the last, at `on_train_end`, runs whole with no "
-                "training left and is not counted), and those during a's fit "
-                f"({plan.probe_size} probe images) against a {plan.epoch_images:,}-image epoch of "
-                "a's Lightning steps, scaled, not run.")
+def render_probe(b: dict, plan: core.Plan) -> list[str]:
+    return core.part(f"RankCollapseCallback(every_n_epochs=1): the probes of a fit at "
+                     f"{plan.metrics.label()} (probe images = batch) made while it trains, each "
+                     "once the previous one is done (the last, at `on_train_end`, has no "
+                     "training left and is not counted), and those during a's fit "
+                     f"({plan.probe_size} probe images) against a {plan.epoch_images:,}-image "
+                     "epoch of a's Lightning steps, scaled, not run.")
 
 
-PROBE_SECTION = Section(
+PROBE_SECTION = core.Section(
     "b", "Rank-collapse probe: blocking and overhead", measure=measure_probe,
     render=render_probe, needs=("a",),
     workload=lambda bench: functools.partial(probe_fit, bench.plan, bench.root / "profile"),
     figures=(
-        Figure("callback_overhead", what="training stopped by one probe during a's fit / a "
-               "50,000-image epoch", op="<=", target=0.02,
-               cause="A probe is one eager forward of the probe batch plus float64 metrics."),
-        Figure("probe_blocking_s", what="seconds training is stopped per probe (depth 12, "
-               "width 192, 256 images)"),
-        Figure("probe_metrics_s", what="seconds of that probe's metrics"),
-        Figure("probe_blocking_over_metrics", what="`probe_blocking_s` / `probe_metrics_s`, "
-               "median over probes", op="<=", target=0.2,
-               cause="Training waits while the probe computes its metrics on the host; only the "
-               "forward pass needs the model."),
+        core.Figure("callback_overhead", op="<=", target=0.02, what="training stopped by one "
+                    "probe during a's fit / a 50,000-image epoch",
+                    cause="A probe is one eager forward of the probe batch plus float64 metrics."),
+        core.Figure("probe_blocking_s", what="seconds training is stopped per probe (depth 12, "
+                    "width 192, 256 images)"),
+        core.Figure("probe_metrics_s", what="seconds of that probe's metrics"),
+        core.Figure("probe_blocking_over_metrics", op="<=", target=0.2,
+                    what="`probe_blocking_s` / `probe_metrics_s`, median over probes",
+                    cause="Training waits while the probe computes its metrics on the host; "
+                    "only the forward pass needs the model."),
     ))

@@ -1,0 +1,302 @@
+"""What every section shares: the plan (what is measured, at which sizes), the one clock, and the
+``Figure`` and ``Section`` a section defines beside its measure, so adding a figure touches one
+module.
+
+The clock times a side in windows of several calls, so one slow call moves a window, not the
+figure. The sides of a comparison run in rounds, A B A B ..., and the figure is the median over
+rounds of each round's ratio or difference: load that comes and goes hits both sides of a pair
+alike. On CUDA the clock synchronises at window edges only, so the host keeps queueing work inside
+a window.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import math
+import operator
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+Side = Callable[[], float]  # times one window per call and returns its seconds per call
+
+
+def synchronizer(device: torch.device | str) -> Callable[[], None]:
+    """A function that waits for the device's queued work (a no-op on CPU)."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
+
+
+@dataclass(frozen=True)
+class Windows:
+    """``rounds`` windows of ``calls`` steps, each after ``warmup`` untimed ones, interleaved
+    with the same windows of each reference."""
+
+    warmup: int
+    calls: int
+    rounds: int
+
+    @property
+    def steps(self) -> int:
+        return self.rounds * (self.warmup + self.calls)
+
+    def label(self) -> str:
+        return f"{self.rounds} rounds of {self.calls} steps, each after {self.warmup} untimed"
+
+    def side(self, fn: Callable[[], object], device: torch.device | str) -> Side:
+        """Per call: ``warmup`` untimed calls of ``fn``, then seconds per call over ``calls``."""
+        sync = synchronizer(device)
+
+        def window() -> float:
+            for _ in range(self.warmup):
+                fn()
+            sync()
+            start = time.perf_counter()
+            for _ in range(self.calls):
+                fn()
+            sync()
+            return (time.perf_counter() - start) / self.calls
+
+        return window
+
+
+def once(fn: Callable[[], object], device: torch.device | str) -> Side:
+    """A side of one call per window: a call long enough to time alone."""
+    return Windows(0, 1, 1).side(fn, device)
+
+
+@dataclass
+class Timing:
+    """Seconds per call in each window (round) of ``calls`` calls."""
+
+    seconds: list[float] = field(default_factory=list)
+    calls: int = 1
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median over windows: how noisy the machine was."""
+        return (max(self.seconds) - min(self.seconds)) / self.median if self.median > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"median_s": self.median, "seconds": self.seconds, "calls_per_repeat": self.calls,
+                "spread": self.spread}
+
+
+def interleave(sides: dict[str, Side], rounds: int, untimed: int = 0) -> dict[str, Timing]:
+    """``rounds`` rounds of one window of each side in turn, after ``untimed`` rounds."""
+    timings = {name: Timing() for name in sides}
+    for i in range(untimed + rounds):
+        for name, side in sides.items():
+            seconds = side()
+            if i >= untimed:
+                timings[name].seconds.append(seconds)
+    return timings
+
+
+def paired(side: Timing, reference: Timing, op=operator.truediv) -> float:
+    """Median over rounds of ``op(side's seconds, its reference's)``, timed beside it."""
+    pairs = zip(side.seconds, reference.seconds, strict=True)
+    return statistics.median(op(a, b) for a, b in pairs)
+
+
+def top_functions(fn: Callable[[], object], rows: int = 12) -> dict:
+    """Run ``fn`` once under cProfile on one torch thread (cProfile sees only the calling
+    thread, and with more the metrics run in worker threads): every function by own time, and
+    vitdepth's by cumulative time, which shows the call that holds the time."""
+    profiler, threads = cProfile.Profile(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        profiler.runcall(fn)
+    finally:
+        torch.set_num_threads(threads)
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tottime, cumtime, _)}
+    total = sum(v[2] for v in stats.values()) or 1
+
+    def top(column: int, where: str = "") -> list[list]:
+        ranked = sorted((kv for kv in stats.items() if where in kv[0][0]),
+                        key=lambda kv: -kv[1][column])
+        return [[f"`{name} ({file.rsplit('/', 1)[-1]}:{line})`", v[column] * 1e3,
+                 f"{v[column] / total:.1%}", v[1]] for (file, line, name), v in ranked[:rows]]
+
+    return {"total_ms": total * 1e3, "own": top(2), "vitdepth_cumulative": top(3, "/vitdepth/")}
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """A ``full`` ViT and its batch: what one training step computes."""
+
+    embed_dim: int
+    depth: int
+    num_heads: int
+    batch_size: int
+    img_size: int = 32
+    in_chans: int = 3
+    patch_size: int = 4
+    num_classes: int = 10
+
+    @property
+    def tokens(self) -> int:
+        return (self.img_size // self.patch_size) ** 2 + 1
+
+    def model_kwargs(self) -> dict:
+        """Arguments shared by ``build_vit``, ``ViTClassifier`` and timm's ViT."""
+        return {k: v for k, v in asdict(self).items() if k != "batch_size"}
+
+    def label(self) -> str:
+        return (f"width {self.embed_dim}, depth {self.depth}, {self.num_heads} heads, "
+                f"{self.img_size}x{self.img_size}x{self.in_chans} patch {self.patch_size} "
+                f"({self.tokens} tokens), batch {self.batch_size}")
+
+
+# Each data module's (img_size, in_chans, patch_size): its native shape and the patch size its
+# recipes use (configs/digits.yaml: patch 2).
+LOADER_SHAPES = {"digits": (8, 1, 2), "mnist5k": (28, 1, 4), "synthetic": (32, 3, 4),
+                 "cifar10": (32, 3, 4)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The full CPU benchmark, whose sizes follow the issues: a width-192 ViT at batch 128 for
+    training, depth 12 / width 192 / 256 images for the metric cost and the probe, and for the
+    per-step overhead a tiny model whose bare CPU step takes a few milliseconds, near a GPU's, so
+    host costs per step show near their GPU scale. ``make_plan`` changes it for CUDA (ViT-S/4 at
+    batch 1024, the H200 MFU target's shape) and ``--quick`` (seconds: it only shows that the
+    code works)."""
+
+    device: str = "cpu"
+    quick: bool = False
+    train: StepShape = StepShape(192, 6, 3, 128)
+    precision: str = "32-true"  # Lightning precision; the bare loop uses the same autocast
+    # with 3 rounds on the 2-vCPU machine, Lightning/bare swung 0.94-1.03 between runs
+    windows: Windows = Windows(2, 4, 5)
+    # the per-step overhead's shape: a tiny model, a bare CPU step of a few ms
+    overhead: StepShape = StepShape(32, 2, 2, 16, img_size=8, in_chans=1, patch_size=2)
+    overhead_windows: Windows = Windows(10, 100, 10)
+    resident_data: bool = False  # train from the device-resident CIFAR path (GPU)
+    probe_size: int = 256  # RankCollapseCallback's default
+    epoch_images: int = 50_000  # CIFAR-10's training set
+    metrics: StepShape = StepShape(192, 12, 3, 256)  # metric cost and probe (batch = images)
+    metric_repeats: int = 5
+    sweep_base: StepShape = StepShape(192, 4, 3, 64)  # the scaling sweeps vary one factor of it
+    sweep_depths: tuple[int, ...] = (1, 2, 4, 8, 16)
+    sweep_batches: tuple[int, ...] = (16, 32, 64, 128, 256)
+    sweep_img_sizes: tuple[int, ...] = (16, 24, 32, 40, 48)  # tokens = (img / patch)^2 + 1
+    loaders: tuple[str, ...] = tuple(LOADER_SHAPES)
+    loader_repeats: int = 3
+    cifar_per_batch: int = 2000  # images in each fake CIFAR-10 batch file (5 train + 1 test)
+    matmul_n: int = 2048
+    matmul_dtype: str = "float32"
+
+
+CUDA = dict(train=StepShape(384, 12, 6, 1024), precision="bf16-mixed", windows=Windows(10, 20, 3),
+            resident_data=True, metric_repeats=3, matmul_n=8192, matmul_dtype="bfloat16")
+QUICK = dict(train=StepShape(32, 2, 2, 16), windows=Windows(1, 2, 2),
+             overhead_windows=Windows(2, 20, 3), probe_size=32, metrics=StepShape(32, 3, 2, 16),
+             metric_repeats=2, sweep_base=StepShape(32, 2, 2, 8), sweep_depths=(1, 2, 4),
+             sweep_batches=(4, 8, 16), sweep_img_sizes=(8, 16, 24), loader_repeats=2,
+             cifar_per_batch=64, matmul_n=256)
+
+
+def make_plan(device: str, quick: bool) -> Plan:
+    """QUICK's sizes win over CUDA's; the precision and data path stay the device's."""
+    sizes = {**(CUDA if device == "cuda" else {}), **(QUICK if quick else {})}
+    return Plan(device, quick, **sizes)
+
+
+@dataclass
+class Bench:
+    """One run: the plan, a scratch folder, the results so far, and what later sections reuse."""
+
+    plan: Plan
+    root: Path
+    results: dict = field(default_factory=lambda: {"errors": {}})
+    data: object = None  # the data module a trains from
+    loops: dict[str, Timing] | None = None  # a's rounds: lightning, bare, timm, matmul
+    probes: dict | None = None  # b: blocking and metric seconds of the probes during a's fit
+    flops: int | None = None  # e: FLOPs of one training step
+
+
+PEAK_ERROR = ("above 1: faster than the peak measured beside it, so the measurement is wrong "
+              "(a reference that ran under load, or FLOPs counted twice), not a result")
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    what: str
+    source: tuple[str, ...] = ()  # keys to the value in the section's results; () = (name,)
+    op: str | None = None  # ">=", "<=", or None for a figure reported without a target
+    target: float | None = None
+    cause: str = ""  # the known cause, shown beside the section's profile when it misses
+    peak_fraction: bool = False  # a fraction of a measured peak: above 1 it is an error
+
+    def judge(self, section: dict | None, busy: bool) -> dict:
+        """bench.json's entry. The verdict is PASS or MISS only for a plausible value measured
+        on an idle machine: ERROR where it was not measured or is a fraction of a peak above 1,
+        NOT JUDGED where other load may have moved either side of a comparison."""
+        value = section
+        for key in self.source or (self.name,):
+            value = value.get(key) if isinstance(value, dict) else None
+        value = None if value is None else float(value)
+        error = ("not measured: its section failed" if value is None else
+                 PEAK_ERROR if self.peak_fraction and value > 1 else None)
+        met = (None if self.op is None or value is None else
+               bool(value >= self.target if self.op == ">=" else value <= self.target))
+        verdict = ("ERROR" if error else "—" if met is None else "NOT JUDGED" if busy else
+                   "PASS" if met else "MISS")
+        return {"value": value, "op": self.op, "target": self.target, "met": met,
+                "pass": {"PASS": True, "MISS": False}.get(verdict), "verdict": verdict,
+                "error": error, "what": self.what}
+
+
+@dataclass(frozen=True)
+class Section:
+    key: str  # a, b, ...: bench.md's order
+    title: str
+    figures: tuple[Figure, ...]
+    measure: Callable[[Bench], dict]  # the section's results
+    render: Callable[[dict, Plan], list[str]]  # bench.md lines under the heading
+    needs: tuple[str, ...] = ()  # sections whose state it reads from the Bench
+    runs: Callable[[Plan], bool] = lambda plan: True
+    not_run: str = ""  # bench.md's paragraph where it does not run
+    # builds (unprofiled) the call that is cProfiled once when one of the figures misses
+    workload: Callable[[Bench], Callable[[], object]] | None = None
+
+
+def fmt(value) -> str:
+    """Floats to 3 significant digits (thousands grouped); None as a dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, float) and value != 0 and math.isfinite(value):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def table(columns: list[str], rows: list[list]) -> list[str]:
+    """A markdown table of ``fmt``'s cells, and the blank line after it."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(map(fmt, row)) + " |" for row in rows), ""]
+
+
+def part(text: str, columns: list[str] = (), rows: list[list] = ()) -> list[str]:
+    """A section's part of bench.md: what was measured, how, and what against; then its table."""
+    return [text, "", *(table(columns, rows) if rows else [])]
+
+
+def spread_rows(labels: dict[str, str], timings: dict[str, dict], scale: float = 1) -> list[list]:
+    """A row per labelled timing: its median seconds times ``scale``, and its spread."""
+    return [[label, scale * timings[key]["median_s"], f"{timings[key]['spread']:.0%}"]
+            for key, label in labels.items()]
+
+
+def log(message: str) -> None:
+    print(f"vitdepth bench: {message}", file=sys.stderr, flush=True)
