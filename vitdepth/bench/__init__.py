@@ -9,10 +9,14 @@ their targets, measured side by side in one process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import logging
 import os
 import tempfile
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from vitdepth.errors import UsageError
@@ -51,6 +55,24 @@ def busy_cores(seconds: float = 0.5) -> float:
     return (os.cpu_count() or 1) * (busy_end - busy) / max(total_end - total, 1)
 
 
+@contextlib.contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Silence Lightning's banner lines and the warnings a benchmark triggers on purpose
+    (num_workers=0, limit_val_batches=0, an iterable instead of a DataLoader)."""
+    names = ("pytorch_lightning", "lightning_fabric")
+    levels = {name: logging.getLogger(name).level for name in names}
+    try:
+        with warnings.catch_warnings():
+            for name in names:
+                logging.getLogger(name).setLevel(logging.ERROR)
+                warnings.filterwarnings("ignore", module=name)
+            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -65,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(threads)
 
     from vitdepth.bench.core import log, make_plan
-    from vitdepth.bench.loops import quiet_lightning
     from vitdepth.bench.report import measure, write_report
     from vitdepth.provenance import git_state, hardware, library_versions
 

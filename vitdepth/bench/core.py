@@ -1,28 +1,34 @@
-"""What every section shares: the plan (what is measured, at which sizes), the one clock, and the
-``Figure`` and ``Section`` a section defines beside its measure, so adding a figure touches one
-module.
+"""What every section shares: the plan (what is measured, at which sizes), the one clock, the
+loops it times with their references, and the ``Figure`` and ``Section`` a section defines beside
+its measure.
 
 The clock times a side in windows of several calls, so one slow call moves a window, not the
 figure. The sides of a comparison run in rounds, A B A B ..., and the figure is the median over
-rounds of each round's ratio or difference: load that comes and goes hits both sides of a pair
-alike. On CUDA the clock synchronises at window edges only, so the host keeps queueing work inside
-a window.
+rounds of each round's ratio or difference: load that comes and goes hits both sides alike. On
+CUDA it synchronises at window edges only, so the host keeps queueing work inside a window.
 """
 
 from __future__ import annotations
 
-import cProfile
+import copy
+import itertools
 import math
 import operator
-import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from pytorch_lightning import Callback, Trainer
+from timm.models.vision_transformer import VisionTransformer
+from timm.optim import create_optimizer_v2
+
+from vitdepth.lit.classifier import ViTClassifier
+from vitdepth.models import build_vit
 
 Side = Callable[[], float]  # times one window per call and returns its seconds per call
 
@@ -108,28 +114,6 @@ def paired(side: Timing, reference: Timing, op=operator.truediv) -> float:
     return statistics.median(op(a, b) for a, b in pairs)
 
 
-def top_functions(fn: Callable[[], object], rows: int = 12) -> dict:
-    """Run ``fn`` once under cProfile on one torch thread (cProfile sees only the calling
-    thread, and with more the metrics run in worker threads): every function by own time, and
-    vitdepth's by cumulative time, which shows the call that holds the time."""
-    profiler, threads = cProfile.Profile(), torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        profiler.runcall(fn)
-    finally:
-        torch.set_num_threads(threads)
-    stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tottime, cumtime, _)}
-    total = sum(v[2] for v in stats.values()) or 1
-
-    def top(column: int, where: str = "") -> list[list]:
-        ranked = sorted((kv for kv in stats.items() if where in kv[0][0]),
-                        key=lambda kv: -kv[1][column])
-        return [[f"`{name} ({file.rsplit('/', 1)[-1]}:{line})`", v[column] * 1e3,
-                 f"{v[column] / total:.1%}", v[1]] for (file, line, name), v in ranked[:rows]]
-
-    return {"total_ms": total * 1e3, "own": top(2), "vitdepth_cumulative": top(3, "/vitdepth/")}
-
-
 @dataclass(frozen=True)
 class StepShape:
     """A ``full`` ViT and its batch: what one training step computes."""
@@ -165,12 +149,8 @@ LOADER_SHAPES = {"digits": (8, 1, 2), "mnist5k": (28, 1, 4), "synthetic": (32, 3
 
 @dataclass(frozen=True)
 class Plan:
-    """The full CPU benchmark, whose sizes follow the issues: a width-192 ViT at batch 128 for
-    training, depth 12 / width 192 / 256 images for the metric cost and the probe, and for the
-    per-step overhead a tiny model whose bare CPU step takes a few milliseconds, near a GPU's, so
-    host costs per step show near their GPU scale. ``make_plan`` changes it for CUDA (ViT-S/4 at
-    batch 1024, the H200 MFU target's shape) and ``--quick`` (seconds: it only shows that the
-    code works)."""
+    """The full CPU benchmark, at the issues' sizes; ``make_plan`` changes it for CUDA (ViT-S/4
+    at batch 1024, the H200 MFU target's shape) and ``--quick`` (seconds: it checks the code)."""
 
     device: str = "cpu"
     quick: bool = False
@@ -178,7 +158,7 @@ class Plan:
     precision: str = "32-true"  # Lightning precision; the bare loop uses the same autocast
     # with 3 rounds on the 2-vCPU machine, Lightning/bare swung 0.94-1.03 between runs
     windows: Windows = Windows(2, 4, 5)
-    # the per-step overhead's shape: a tiny model, a bare CPU step of a few ms
+    # the per-step overhead's: a bare CPU step of a few ms, near a GPU's, so host costs show
     overhead: StepShape = StepShape(32, 2, 2, 16, img_size=8, in_chans=1, patch_size=2)
     overhead_windows: Windows = Windows(10, 100, 10)
     resident_data: bool = False  # train from the device-resident CIFAR path (GPU)
@@ -210,6 +190,142 @@ def make_plan(device: str, quick: bool) -> Plan:
     """QUICK's sizes win over CUDA's; the precision and data path stay the device's."""
     sizes = {**(CUDA if device == "cuda" else {}), **(QUICK if quick else {})}
     return Plan(device, quick, **sizes)
+
+
+LABEL_SMOOTHING = 0.1  # ViTClassifier's default, used by the bare loop too
+LR, WEIGHT_DECAY = 1e-3, 0.05
+
+
+def autocast(precision: str, device: torch.device) -> torch.autocast:
+    """The autocast Lightning's precision plugin uses: bf16 for "bf16-mixed", off for "32-true"."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
+
+
+def classifier(shape: StepShape, compile: bool = False) -> ViTClassifier:
+    torch.manual_seed(0)
+    return ViTClassifier(variant="full", lr=LR, weight_decay=WEIGHT_DECAY,
+                         label_smoothing=LABEL_SMOOTHING, compile=compile, **shape.model_kwargs())
+
+
+def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    images = torch.randn(shape.batch_size, shape.in_chans, shape.img_size, shape.img_size,
+                         device=device)
+    return images, torch.randint(0, shape.num_classes, (shape.batch_size,), device=device)
+
+
+class BareLoop:
+    """What Lightning automates, written out, on a copy of ``model``: zero_grad, forward under the
+    same autocast, label-smoothed cross-entropy, backward, AdamW step (timm's
+    ``create_optimizer_v2``, as ``ViTClassifier.configure_optimizers``)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, precision: str,
+                 compile: bool = False) -> None:
+        self.model = copy.deepcopy(model).to(device).train()
+        self.forward = torch.compile(self.model) if compile else self.model
+        self.optimizer = create_optimizer_v2(self.model, opt="adamw", lr=LR,
+                                             weight_decay=WEIGHT_DECAY)
+        self.precision, self.device = precision, device
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.precision, self.device):
+            loss = F.cross_entropy(self.forward(images), labels, label_smoothing=LABEL_SMOOTHING)
+        loss.backward()
+        self.optimizer.step()
+
+    def side(self, loader: Iterable, windows: Windows) -> Side:
+        """One window of steps on ``loader``'s batches (fetch included) per call."""
+        batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
+
+        def fetch_and_step() -> None:
+            images, labels = next(batches)
+            self.step(images.to(self.device, non_blocking=True),
+                      labels.to(self.device, non_blocking=True))
+
+        return windows.side(fetch_and_step, self.device)
+
+
+def step_side(shape: StepShape, plan: Plan, compile: bool = False) -> Side:
+    """A window of bare training steps on one fixed random batch of ``shape`` per call."""
+    device = torch.device(plan.device)
+    torch.manual_seed(0)
+    loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision, compile)
+    images, labels = random_batch(shape, device)
+    return plan.windows.side(lambda: loop.step(images, labels), device)
+
+
+class Interleave(Callback):
+    """In one fit, rounds of (a window of each reference, ``warmup`` untimed Lightning steps, a
+    window of ``calls``), so every pair is A B A B. The references run with the fit paused at a
+    step's end, where Lightning's windows start and end too, so both sides hold the same work: the
+    fetch, the step, and whatever the loop does between steps."""
+
+    def __init__(self, references: dict[str, Side], windows: Windows, device) -> None:
+        self.references, self.windows, self.sync = references, windows, synchronizer(device)
+        self.timings = {name: Timing(calls=windows.calls) for name in ["lightning", *references]}
+        self.done, self.start = 0, 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._references()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.done += 1
+        offset = self.done % (self.windows.warmup + self.windows.calls)
+        if offset == self.windows.warmup:
+            self.sync()
+            self.start = time.perf_counter()
+        elif offset == 0:
+            self.sync()
+            seconds = (time.perf_counter() - self.start) / self.windows.calls
+            self.timings["lightning"].seconds.append(seconds)
+            if self.done < self.windows.steps:
+                self._references()
+
+    def _references(self) -> None:
+        for name, side in self.references.items():
+            self.timings[name].seconds.append(side())
+
+
+def lightning_trainer(plan: Plan, steps: int, callbacks: list, root: str) -> Trainer:
+    """A lean Trainer: no validation, logger or checkpoints, progress bar off."""
+    return Trainer(accelerator="gpu" if plan.device == "cuda" else "cpu", devices=1,
+                   precision=plan.precision, max_steps=steps, limit_val_batches=0,
+                   num_sanity_val_steps=0, enable_progress_bar=False, logger=False,
+                   enable_checkpointing=False, enable_model_summary=False, callbacks=callbacks,
+                   default_root_dir=root)
+
+
+def timed_fit(plan: Plan, trainer: Trainer, module, datamodule, windows: Windows,
+              models: dict | None = None, compile: bool = False,
+              others: dict[str, Side] | None = None) -> dict[str, Timing]:
+    """``trainer.fit(module)`` with a bare loop of each of ``models`` (default: the module's own
+    model) on the same data, then ``others``, timed between its windows: every a-side fit."""
+    device = torch.device(plan.device)
+    loader = datamodule.train_dataloader()
+    bare = {name: BareLoop(model, device, plan.precision, compile).side(loader, windows)
+            for name, model in (models or {"bare": module.model}).items()}
+    clock = Interleave({**bare, **(others or {})}, windows, device)
+    trainer.callbacks.append(clock)
+    trainer.fit(module, datamodule=datamodule)
+    return clock.timings
+
+
+def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (),
+                  compile: bool = False) -> dict[str, Timing]:
+    """``ViTClassifier`` under a lean Trainer, with the bare loop of the same weights (and,
+    eager, timm's stock ViT) and the matmul peak timed between its windows."""
+    module = classifier(plan.train, compile=compile)
+    models = {"bare": module.model}
+    if not compile:  # the same weights, strictly: our ``full`` ViT has timm's names
+        models["timm"] = VisionTransformer(**plan.train.model_kwargs())
+        models["timm"].load_state_dict(module.model.state_dict())
+    # the practical peak: one window of square matmuls of 2 n^3 FLOPs each
+    device, dtype = torch.device(plan.device), getattr(torch, plan.matmul_dtype)
+    a, b = (torch.randn(plan.matmul_n, plan.matmul_n, device=device, dtype=dtype) for _ in "ab")
+    matmul = Windows(2, 20 if device.type == "cuda" else 1, 0).side(lambda: a @ b, device)
+    trainer = lightning_trainer(plan, plan.windows.steps, list(callbacks), root)
+    return timed_fit(plan, trainer, module, datamodule, plan.windows, models, compile,
+                     {"matmul": matmul})
 
 
 @dataclass

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitdepth.bench import core, loops
+from vitdepth.bench import core
 
 
 def fractions(flops: int, timings: dict[str, core.Timing], plan: core.Plan) -> dict[str, float]:
@@ -25,13 +25,13 @@ def measure(bench: core.Bench) -> dict:
     explicit attention: the counter has no formula for CPU's fused SDPA."""
     plan, device = bench.plan, torch.device(bench.plan.device)
     core.log("e: FLOPs per step, against the matmul peak timed in a's rounds")
-    model = loops.classifier(plan.train).model.to(device).train()
+    model = core.classifier(plan.train).model.to(device).train()
     for block in model.blocks:
         block.attn.fused_attn = False
-    images, labels = loops.random_batch(plan.train, device)
+    images, labels = core.random_batch(plan.train, device)
     with FlopCounterMode(display=False) as counter:
-        with loops.autocast(plan.precision, device):
-            loss = F.cross_entropy(model(images), labels, label_smoothing=loops.LABEL_SMOOTHING)
+        with core.autocast(plan.precision, device):
+            loss = F.cross_entropy(model(images), labels, label_smoothing=core.LABEL_SMOOTHING)
         loss.backward()
     bench.flops = flops = counter.get_total_flops()
     matmul, fraction = bench.loops["matmul"], fractions(flops, bench.loops, plan)
@@ -51,7 +51,7 @@ def render(e: dict, plan: core.Plan) -> list[str]:
 def measure_gpu(bench: core.Bench) -> dict:
     plan = bench.plan
     core.log(f"f: {plan.precision} with torch.compile (the first steps compile)")
-    compiled = loops.compare_loops(plan, bench.data, str(bench.root), compile=True)
+    compiled = core.compare_loops(plan, bench.data, str(bench.root), compile=True)
     fraction, e = fractions(bench.flops, compiled, plan), bench.results["e"]
     return {"gpu": torch.cuda.get_device_name(0), "precision": plan.precision,
             "compiled_images_per_s": {k: plan.train.batch_size / compiled[k].median
@@ -72,14 +72,14 @@ def render_gpu(f: dict, plan: core.Plan) -> list[str]:
 
 def compiled_steps(bench: core.Bench) -> core.Side:
     """A window of compiled bare steps, compiled before the profile starts."""
-    side = loops.step_side(bench.plan.train, bench.plan, compile=True)
+    side = core.step_side(bench.plan.train, bench.plan, compile=True)
     side()
     return side
 
 
 SECTION = core.Section(
     "e", "FLOP rate of the training step", measure=measure, render=render, needs=("a",),
-    workload=lambda bench: loops.step_side(bench.plan.train, bench.plan),
+    workload=lambda bench: core.step_side(bench.plan.train, bench.plan),
     figures=(
         core.Figure("flop_fraction", op=">=", target=0.40, peak_fraction=True,
                     what="achieved FLOP/s of the training step / the matmul FLOP/s timed beside it",

@@ -15,7 +15,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from vitdepth.bench import core, loops
+from vitdepth.bench import core
 from vitdepth.data import ImageDataModule
 
 ON_DEVICE = "cifar10 on device"
@@ -103,7 +103,7 @@ def measure(bench: core.Bench) -> dict:
             continue
         sides[label], shapes[label] = side, shape
         if shape.label() not in sides:
-            sides[shape.label()] = loops.step_side(shape, plan)
+            sides[shape.label()] = core.step_side(shape, plan)
     timings = core.interleave(sides, plan.loader_repeats)
     for label, shape in shapes.items():
         loader, step = timings[label], timings[shape.label()]

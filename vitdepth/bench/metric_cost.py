@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from vitdepth.bench import core
-from vitdepth.bench.loops import probe_inputs
 from vitdepth.metrics import squared_singular_values
+from vitdepth.models import build_vit
 from vitdepth.probe import LayerMeter, eager, measure_layers, probe, probe_metrics, run_probe
 from vitdepth.rundir import atomic_write_bytes
 
@@ -39,8 +39,10 @@ class SpectrumMeter(LayerMeter):
 
 def metrics_workload(shape: core.StepShape, device: torch.device):
     """The metric pass on one probe's stored layers, as a function of the meter type (default:
-    all metrics); the model and images it probed."""
-    model, images = probe_inputs(shape, device)
+    all metrics); the seeded model and random images it probed."""
+    torch.manual_seed(0)
+    model = build_vit("full", **shape.model_kwargs()).to(device)
+    images = core.random_batch(shape, device)[0]
     stored = probe(model, images)
     prefix = eager(model).num_prefix_tokens
     return (lambda meter=LayerMeter: measure_layers(stored, prefix, meter)), model, images

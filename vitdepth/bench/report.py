@@ -1,8 +1,7 @@
-"""Runs every section in one process, in order, profiles each section with a figure that misses
-its target, and formats the results: bench.json (everything), bench.md (every figure beside its
-target and verdict, the machine and its load, each section's part, the profiles of missed
-figures) and scaling.png. The sections, each module defining its figures beside their measure:
-``training`` (a, b), ``metric_cost`` (c), ``loaders`` (d), ``flops`` (e, f).
+"""Runs the sections (``training`` a, b; ``metric_cost`` c; ``loaders`` d; ``flops`` e, f) in one
+process, profiles each with a figure that misses its target, and formats the results: bench.json
+(everything), bench.md (every figure beside its target and verdict, the machine and its load,
+each section's part, the profiles) and scaling.png.
 
 A verdict needs an idle machine: other processes' load moves the two sides of a comparison
 apart, so where more than ``BUSY_PER_CORE`` of each core was busy with other work at the start
@@ -11,9 +10,12 @@ or the end, no figure is marked PASS or MISS.
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
+import pstats
 import random
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +78,30 @@ def profile_misses(bench: core.Bench) -> dict[str, dict]:
     for section in sections(bench.plan):
         if section.key in missed and section.workload is not None:
             core.log(f"profile: section {section.key} misses a target")
-            profiles[section.key] = core.top_functions(section.workload(bench))
+            profiles[section.key] = top_functions(section.workload(bench))
     return profiles
+
+
+def top_functions(fn: Callable[[], object], rows: int = 12) -> dict:
+    """Run ``fn`` once under cProfile on one torch thread (cProfile sees only the calling
+    thread, and with more the metrics run in worker threads): every function by own time, and
+    vitdepth's by cumulative time, which shows the call that holds the time."""
+    profiler, threads = cProfile.Profile(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        profiler.runcall(fn)
+    finally:
+        torch.set_num_threads(threads)
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tottime, cumtime, _)}
+    total = sum(v[2] for v in stats.values()) or 1
+
+    def top(column: int, where: str = "") -> list[list]:
+        ranked = sorted((kv for kv in stats.items() if where in kv[0][0]),
+                        key=lambda kv: -kv[1][column])
+        return [[f"`{name} ({file.rsplit('/', 1)[-1]}:{line})`", v[column] * 1e3,
+                 f"{v[column] / total:.1%}", v[1]] for (file, line, name), v in ranked[:rows]]
+
+    return {"total_ms": total * 1e3, "own": top(2), "vitdepth_cumulative": top(3, "/vitdepth/")}
 
 
 def write_report(out: Path, results: dict, plan: core.Plan, meta: dict) -> list[Path]:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from pytorch_lightning import Callback, LightningModule
 from timm.optim import create_optimizer_v2
 
-from vitdepth.bench import core, loaders, loops
+from vitdepth.bench import core, loaders
 from vitdepth.callbacks import RankCollapseCallback
 
 LOOPS = {"lightning": "ours: ViTClassifier under Lightning", "bare": "bare loop, our `full` ViT",
@@ -45,11 +45,11 @@ class OneLinear(LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, labels = batch
-        return F.cross_entropy(self.model(images), labels, label_smoothing=loops.LABEL_SMOOTHING)
+        return F.cross_entropy(self.model(images), labels, label_smoothing=core.LABEL_SMOOTHING)
 
     def configure_optimizers(self):
-        return create_optimizer_v2(self.model, opt="adamw", lr=loops.LR,
-                                   weight_decay=loops.WEIGHT_DECAY)
+        return create_optimizer_v2(self.model, opt="adamw", lr=core.LR,
+                                   weight_decay=core.WEIGHT_DECAY)
 
 
 @contextlib.contextmanager
@@ -86,7 +86,7 @@ def measure(bench: core.Bench) -> dict:
     core.log(f"a/b/e: Lightning vs bare loop vs timm vs matmul, {plan.windows.rounds} rounds "
              f"({plan.train.label()})")
     probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size))
-    bench.loops = t = loops.compare_loops(plan, bench.data, root, [probes, probes.callback])
+    bench.loops = t = core.compare_loops(plan, bench.data, root, [probes, probes.callback])
     bench.probes = probes.results()
     core.log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
     # the full stack (RankCollapse, Preemption, the divergence check, CSV and W&B loggers,
@@ -94,9 +94,9 @@ def measure(bench: core.Bench) -> dict:
     windows = plan.overhead_windows
     with full_stack(plan, windows.steps, f"{root}/overhead/runs") as cli:
         cli.datamodule.setup("fit")
-        fits = {"stack": loops.timed_fit(plan, cli.trainer, cli.model, cli.datamodule, windows)}
-    trainer = loops.lightning_trainer(plan, windows.steps, [], f"{root}/overhead")
-    fits["floor"] = loops.timed_fit(plan, trainer, OneLinear(plan.overhead), cli.datamodule,
+        fits = {"stack": core.timed_fit(plan, cli.trainer, cli.model, cli.datamodule, windows)}
+    trainer = core.lightning_trainer(plan, windows.steps, [], f"{root}/overhead")
+    fits["floor"] = core.timed_fit(plan, trainer, OneLinear(plan.overhead), cli.datamodule,
                                     windows)
     overhead, floor = (1e3 * core.paired(fits[k]["lightning"], fits[k]["bare"], operator.sub)
                        for k in ("stack", "floor"))
@@ -195,8 +195,8 @@ def probe_fit(plan: core.Plan, root: Path) -> dict[str, list[float]]:
                                num_samples=5 * shape.batch_size + 50, probe_size=shape.batch_size)
     clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size),
                        probes=3)
-    trainer = loops.lightning_trainer(plan, 1000, [clock, clock.callback], str(root))
-    trainer.fit(loops.classifier(train), datamodule=data)
+    trainer = core.lightning_trainer(plan, 1000, [clock, clock.callback], str(root))
+    trainer.fit(core.classifier(train), datamodule=data)
     return clock.results()
 
 
