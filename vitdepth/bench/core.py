@@ -1,12 +1,10 @@
-"""What every section shares: the plan (what is measured, at which sizes), the one clock, the
-loops it times with their references, and the ``Figure`` and ``Section`` a section defines beside
-its measure.
+"""What every section shares: the plan (what is measured, at which sizes), the one clock and the
+loops it times, and the ``Figure`` and ``Section`` a section defines beside its measure.
 
-The clock times a side in windows of several calls, so one slow call moves a window, not the
-figure. The sides of a comparison run in rounds, A B A B ..., and the figure is the median over
-rounds of each round's ratio or difference: load that comes and goes hits both sides alike. On
-CUDA it synchronises at window edges only, so the host keeps queueing work inside a window.
-"""
+A side is timed in windows of several calls, so one slow call moves a window, not the figure; the
+sides of a comparison run in rounds, A B A B ..., and the figure is the median over rounds of each
+round's ratio or difference, so load that comes and goes hits both alike. On CUDA the clock
+synchronises at window edges only, so the host keeps queueing work inside a window."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ def synchronizer(device: torch.device | str) -> Callable[[], None]:
 
 @dataclass(frozen=True)
 class Windows:
-    """``rounds`` windows of ``calls`` steps, each after ``warmup`` untimed ones, interleaved
-    with the same windows of each reference."""
+    """``rounds`` windows of ``calls`` steps, each after ``warmup`` untimed ones."""
 
     warmup: int
     calls: int
@@ -141,8 +138,7 @@ class StepShape:
                 f"({self.tokens} tokens), batch {self.batch_size}")
 
 
-# Each data module's (img_size, in_chans, patch_size): its native shape and the patch size its
-# recipes use (configs/digits.yaml: patch 2).
+# each data module's native (img_size, in_chans) and its recipes' patch (configs/digits.yaml: 2)
 LOADER_SHAPES = {"digits": (8, 1, 2), "mnist5k": (28, 1, 4), "synthetic": (32, 3, 4),
                  "cifar10": (32, 3, 4)}
 
@@ -215,8 +211,7 @@ def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, 
 
 class BareLoop:
     """What Lightning automates, written out, on a copy of ``model``: zero_grad, forward under the
-    same autocast, label-smoothed cross-entropy, backward, AdamW step (timm's
-    ``create_optimizer_v2``, as ``ViTClassifier.configure_optimizers``)."""
+    same autocast, label-smoothed cross-entropy, backward, ``ViTClassifier``'s AdamW step."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, precision: str,
                  compile: bool = False) -> None:
@@ -246,12 +241,16 @@ class BareLoop:
 
 
 def step_side(shape: StepShape, plan: Plan, compile: bool = False) -> Side:
-    """A window of bare training steps on one fixed random batch of ``shape`` per call."""
+    """A window of bare training steps on one fixed random batch of ``shape`` per call; compiled,
+    it runs one window first, so that the compilation is not timed."""
     device = torch.device(plan.device)
     torch.manual_seed(0)
     loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision, compile)
     images, labels = random_batch(shape, device)
-    return plan.windows.side(lambda: loop.step(images, labels), device)
+    side = plan.windows.side(lambda: loop.step(images, labels), device)
+    if compile:
+        side()
+    return side
 
 
 class Interleave(Callback):
@@ -296,15 +295,14 @@ def lightning_trainer(plan: Plan, steps: int, callbacks: list, root: str) -> Tra
 
 
 def timed_fit(plan: Plan, trainer: Trainer, module, datamodule, windows: Windows,
-              models: dict | None = None, compile: bool = False,
-              others: dict[str, Side] | None = None) -> dict[str, Timing]:
+              models: dict | None = None, compile: bool = False, **others: Side) -> dict:
     """``trainer.fit(module)`` with a bare loop of each of ``models`` (default: the module's own
     model) on the same data, then ``others``, timed between its windows: every a-side fit."""
     device = torch.device(plan.device)
     loader = datamodule.train_dataloader()
     bare = {name: BareLoop(model, device, plan.precision, compile).side(loader, windows)
             for name, model in (models or {"bare": module.model}).items()}
-    clock = Interleave({**bare, **(others or {})}, windows, device)
+    clock = Interleave(bare | others, windows, device)
     trainer.callbacks.append(clock)
     trainer.fit(module, datamodule=datamodule)
     return clock.timings
@@ -325,7 +323,7 @@ def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (),
     matmul = Windows(2, 20 if device.type == "cuda" else 1, 0).side(lambda: a @ b, device)
     trainer = lightning_trainer(plan, plan.windows.steps, list(callbacks), root)
     return timed_fit(plan, trainer, module, datamodule, plan.windows, models, compile,
-                     {"matmul": matmul})
+                     matmul=matmul)
 
 
 @dataclass
@@ -338,7 +336,6 @@ class Bench:
     data: object = None  # the data module a trains from
     loops: dict[str, Timing] | None = None  # a's rounds: lightning, bare, timm, matmul
     probes: dict | None = None  # b: blocking and metric seconds of the probes during a's fit
-    flops: int | None = None  # e: FLOPs of one training step
 
 
 PEAK_ERROR = ("above 1: faster than the peak measured beside it, so the measurement is wrong "

@@ -33,7 +33,7 @@ def measure(bench: core.Bench) -> dict:
         with core.autocast(plan.precision, device):
             loss = F.cross_entropy(model(images), labels, label_smoothing=core.LABEL_SMOOTHING)
         loss.backward()
-    bench.flops = flops = counter.get_total_flops()
+    flops = counter.get_total_flops()
     matmul, fraction = bench.loops["matmul"], fractions(flops, bench.loops, plan)
     return {"flops_per_step": flops, "flops_per_image": flops / plan.train.batch_size,
             "matmul": {"n": plan.matmul_n, "dtype": plan.matmul_dtype,
@@ -42,17 +42,12 @@ def measure(bench: core.Bench) -> dict:
             "flop_fraction": fraction["lightning"], "bare_flop_fraction": fraction["bare"]}
 
 
-def render(e: dict, plan: core.Plan) -> list[str]:
-    return core.part(f"FLOPs of one step's forward and backward at {plan.train.label()} "
-                     "(`FlopCounterMode`, explicit attention; not the optimizer), against a "
-                     f"{plan.matmul_n}^3 {plan.matmul_dtype} matmul timed between a's windows.")
-
-
 def measure_gpu(bench: core.Bench) -> dict:
     plan = bench.plan
     core.log(f"f: {plan.precision} with torch.compile (the first steps compile)")
     compiled = core.compare_loops(plan, bench.data, str(bench.root), compile=True)
-    fraction, e = fractions(bench.flops, compiled, plan), bench.results["e"]
+    e = bench.results["e"]
+    fraction = fractions(e["flops_per_step"], compiled, plan)
     return {"gpu": torch.cuda.get_device_name(0), "precision": plan.precision,
             "compiled_images_per_s": {k: plan.train.batch_size / compiled[k].median
                                       for k in ("lightning", "bare")},
@@ -70,35 +65,31 @@ def render_gpu(f: dict, plan: core.Plan) -> list[str]:
                      ["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)
 
 
-def compiled_steps(bench: core.Bench) -> core.Side:
-    """A window of compiled bare steps, compiled before the profile starts."""
-    side = core.step_side(bench.plan.train, bench.plan, compile=True)
-    side()
-    return side
-
-
 SECTION = core.Section(
-    "e", "FLOP rate of the training step", measure=measure, render=render, needs=("a",),
+    "e", "FLOP rate of the training step", measure=measure, needs=("a",),
+    render=lambda e, plan: core.part(
+        f"FLOPs of one step's forward and backward at {plan.train.label()} (`FlopCounterMode`, "
+        f"explicit attention; not the optimizer), against a {plan.matmul_n}^3 "
+        f"{plan.matmul_dtype} matmul timed between a's windows."),
     workload=lambda bench: core.step_side(bench.plan.train, bench.plan),
     figures=(
         core.Figure("flop_fraction", op=">=", target=0.40, peak_fraction=True,
                     what="achieved FLOP/s of the training step / the matmul FLOP/s timed beside it",
                     cause="The count covers only FLOPs; a ViT step also runs memory-bound "
-                    "operators (LayerNorm, GELU, softmax, AdamW) and matmuls far smaller than the "
-                    "peak's."),
+                    "operators (LayerNorm, GELU, softmax, AdamW) and smaller matmuls."),
     ))
 
 GPU_SECTION = core.Section(
     "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, render=render_gpu,
-    needs=("a", "e"), runs=lambda plan: plan.device == "cuda", workload=compiled_steps,
+    needs=("a", "e"), runs=lambda plan: plan.device == "cuda",
+    workload=lambda bench: core.step_side(bench.plan.train, bench.plan, compile=True),
     not_run="Not run: this was a CPU benchmark. `vitdepth bench --device cuda` measures MFU at "
     "bf16-mixed, eager and compiled, at ViT-S/4, batch 1024 (results/bench/h200: an H200).",
     figures=(
         core.Figure("mfu_bf16_eager", peak_fraction=True,
                     what="MFU of ViTClassifier (Lightning), bf16-mixed, eager"),
         core.Figure("mfu_bf16_compile", op=">=", target=0.40, peak_fraction=True,
-                    what="MFU of ViTClassifier (Lightning), bf16-mixed, torch.compile, vs the bf16 "
-                    "matmul timed beside it",
-                    cause="Time outside the GEMMs (attention, norms, the optimizer) and launch "
-                    "gaps."),
+                    what="MFU of ViTClassifier (Lightning), bf16-mixed, torch.compile, vs the "
+                    "bf16 matmul timed beside it",
+                    cause="Time outside the GEMMs (attention, norms, the optimizer), launch gaps."),
     ))

@@ -15,7 +15,7 @@ import operator
 import os
 import statistics
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -97,7 +97,7 @@ def measure(bench: core.Bench) -> dict:
         fits = {"stack": core.timed_fit(plan, cli.trainer, cli.model, cli.datamodule, windows)}
     trainer = core.lightning_trainer(plan, windows.steps, [], f"{root}/overhead")
     fits["floor"] = core.timed_fit(plan, trainer, OneLinear(plan.overhead), cli.datamodule,
-                                    windows)
+                                   windows)
     overhead, floor = (1e3 * core.paired(fits[k]["lightning"], fits[k]["bare"], operator.sub)
                        for k in ("stack", "floor"))
     return {"shape": plan.train.label(), "precision": plan.precision,
@@ -117,26 +117,21 @@ def render(a: dict, plan: core.Plan) -> list[str]:
             f"references timed between its windows. Per-step overhead at {a['overhead_shape']}: "
             f"each fit with its own bare loop, {plan.overhead_windows.label()}; overhead = "
             "median of paired differences.")
-    timings = a["timings"] | a["overhead_timings"]
-    return core.part(text, ["loop", "ms/step", "spread"],
-                     core.spread_rows(LOOPS | FITS, timings, 1e3))
+    rows = core.spread_rows(LOOPS | FITS, a["timings"] | a["overhead_timings"], 1e3)
+    return core.part(text, ["loop", "ms/step", "spread"], rows)
 
 
-def workload(bench: core.Bench) -> Callable[[], None]:
-    """The full stack's fit at the overhead's shape: where its per-step host time goes (at a's
-    shape the profile would show only the model's own operators)."""
-    plan, root = bench.plan, bench.root / "profile"
-
-    def fit() -> None:
-        with full_stack(plan, plan.overhead_windows.steps, str(root / "runs")) as cli:
-            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-
-    return fit
+def fit_full_stack(plan: core.Plan, root: Path) -> None:
+    """The profile of a's miss: where the full stack's per-step host time goes (at a's shape it
+    would show only the model's own operators)."""
+    with full_stack(plan, plan.overhead_windows.steps, str(root / "runs")) as cli:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
 
 SECTION = core.Section(
     "a", "Lightning vs a bare loop; our block vs timm's; per-step overhead", measure=measure,
-    render=render, workload=workload,
+    render=render,
+    workload=lambda bench: functools.partial(fit_full_stack, bench.plan, bench.root / "profile"),
     figures=(
         core.Figure("ours_over_bare", op=">=", target=0.97,
                     what="images/s of ViTClassifier under a lean Trainer / the bare loop",
