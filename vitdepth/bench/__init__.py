@@ -39,8 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def busy_cores(seconds: float = 0.5) -> float:
-    """Cores kept busy by other processes while this one sleeps ``seconds``, from /proc/stat
-    (the load average would count the benchmark's own threads); elsewhere the load average."""
+    """Cores kept busy by other processes while this one sleeps, from /proc/stat (the load
+    average would count the benchmark's own threads); elsewhere the load average."""
     def ticks() -> tuple[int, int]:
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
@@ -79,9 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device cuda: no CUDA GPU is visible to torch {torch.__version__}; "
                          "run on a GPU machine or use --device cpu")
-    threads = args.threads
-    if threads is None:
-        threads = 1 if args.quick else os.cpu_count() or 1
+    threads = (1 if args.quick else os.cpu_count() or 1) if args.threads is None else args.threads
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     torch.set_num_threads(threads)

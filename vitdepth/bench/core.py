@@ -255,9 +255,8 @@ def step_side(shape: StepShape, plan: Plan, compile: bool = False) -> Side:
 
 class Interleave(Callback):
     """In one fit, rounds of (a window of each reference, ``warmup`` untimed Lightning steps, a
-    window of ``calls``), so every pair is A B A B. The references run with the fit paused at a
-    step's end, where Lightning's windows start and end too, so both sides hold the same work: the
-    fetch, the step, and whatever the loop does between steps."""
+    window of ``calls``). The references run with the fit paused at a step's end, where Lightning's
+    windows start and end too, so both hold the same work: fetch, step, and what comes between."""
 
     def __init__(self, references: dict[str, Side], windows: Windows, device) -> None:
         self.references, self.windows, self.sync = references, windows, synchronizer(device)

@@ -73,10 +73,10 @@ SECTION = core.Section(
         f"{plan.matmul_dtype} matmul timed between a's windows."),
     workload=lambda bench: core.step_side(bench.plan.train, bench.plan),
     figures=(
-        core.Figure("flop_fraction", op=">=", target=0.40, peak_fraction=True,
-                    what="achieved FLOP/s of the training step / the matmul FLOP/s timed beside it",
-                    cause="The count covers only FLOPs; a ViT step also runs memory-bound "
-                    "operators (LayerNorm, GELU, softmax, AdamW) and smaller matmuls."),
+        core.Figure("flop_fraction", "achieved FLOP/s of the training step / the matmul FLOP/s "
+                    "timed beside it", op=">=", target=0.40, peak_fraction=True, cause="The count "
+                    "covers only FLOPs; a ViT step also runs memory-bound operators (LayerNorm, "
+                    "GELU, softmax, AdamW) and matmuls far smaller than the peak's."),
     ))
 
 GPU_SECTION = core.Section(
@@ -86,10 +86,10 @@ GPU_SECTION = core.Section(
     not_run="Not run: this was a CPU benchmark. `vitdepth bench --device cuda` measures MFU at "
     "bf16-mixed, eager and compiled, at ViT-S/4, batch 1024 (results/bench/h200: an H200).",
     figures=(
-        core.Figure("mfu_bf16_eager", peak_fraction=True,
-                    what="MFU of ViTClassifier (Lightning), bf16-mixed, eager"),
-        core.Figure("mfu_bf16_compile", op=">=", target=0.40, peak_fraction=True,
-                    what="MFU of ViTClassifier (Lightning), bf16-mixed, torch.compile, vs the "
-                    "bf16 matmul timed beside it",
-                    cause="Time outside the GEMMs (attention, norms, the optimizer), launch gaps."),
+        core.Figure("mfu_bf16_eager", "MFU of ViTClassifier (Lightning), bf16-mixed, eager",
+                    peak_fraction=True),
+        core.Figure("mfu_bf16_compile", "MFU of ViTClassifier (Lightning), bf16-mixed, "
+                    "torch.compile, vs the bf16 matmul timed beside it", op=">=", target=0.40,
+                    peak_fraction=True, cause="Time outside the GEMMs (attention, norms, the "
+                    "optimizer) and launch gaps."),
     ))

@@ -1,6 +1,5 @@
 """d. Each data module's train loader against the training step it feeds, and the on-device CIFAR
-path (``--data.on_device``) against its PIL loader, in rounds with the steps. CIFAR-10 is a small
-fake copy in the real on-disk format."""
+path (``--data.on_device``) against its PIL loader, on a small fake CIFAR-10 in the real format."""
 
 from __future__ import annotations
 
@@ -146,16 +145,15 @@ def workload(bench: core.Bench) -> Callable[[], None]:
 SECTION = core.Section(
     "d", "Data loaders vs the training step", measure=measure, render=render, workload=workload,
     figures=(
-        core.Figure("loader_over_step", op=">=", target=5, what="train-loader images/s / "
-                    "training-step images/s at the same shape (min over default loaders)",
+        core.Figure("loader_over_step", "train-loader images/s / training-step images/s at the "
+                    "same shape (min over default loaders)", op=">=", target=5,
                     cause="The limiting loader's own per-image Python work."),
-        core.Figure("device_loader_over_pil_per_core", op=">=", target=5, what="images/s of the "
-                    "on-device CIFAR-10 train loader (crop, flip, normalise) / its PIL loader on "
-                    "one core",
-                    cause="On the CPU the on-device loader runs on the same cores as the step."),
-        core.Figure("device_recipe_over_pil_per_core", op=">=", target=5, what="the same with "
-                    "the published recipe (RandAugment and random erasing; on the device each "
-                    "drawn operation runs once a step on the images that drew it)",
-                    cause="The recipe's operations (vitdepth/data/device_augment.py) and random "
-                    "erasing share the cores with the step."),
+        core.Figure("device_loader_over_pil_per_core", "images/s of the on-device CIFAR-10 train "
+                    "loader (crop, flip, normalise) / its PIL loader on one core", op=">=",
+                    target=5, cause="On the CPU it runs on the same cores as the step."),
+        core.Figure("device_recipe_over_pil_per_core", "the same with the published recipe "
+                    "(RandAugment and random erasing; on the device each drawn operation runs "
+                    "once a step on the images that drew it)", op=">=", target=5, cause="The "
+                    "recipe's operations (vitdepth/data/device_augment.py) and random erasing "
+                    "share the cores with the step."),
     ))

@@ -29,9 +29,8 @@ SWEEPS = {"depth": ("depth", "sweep_depths"), "tokens": ("img_size", "sweep_img_
 
 class SpectrumMeter(LayerMeter):
     """Only what tests/test_metrics.py pins to its operations: each layer's float64 Gram matrix
-    (the smaller side) and its eigenvalues, in ``LayerMeter``'s chunks and threads. A collapsed
-    X's effective rank is set by eigenvalues at rounding level, so no other summation order or
-    solver keeps the 1e-12 the metrics are held to: these seconds are the metrics' floor."""
+    (the smaller side) and its eigenvalues, in ``LayerMeter``'s chunks and threads. No other
+    summation order or solver keeps a collapsed X's ranks to 1e-12: the metrics' floor."""
 
     def _chunk(self, start: int, x: torch.Tensor, attn: torch.Tensor | None) -> dict:
         return {"sigma2": squared_singular_values(x.detach().to(torch.float64))}
@@ -126,14 +125,14 @@ SECTION = core.Section(
     "c", "Metric cost and its scaling", measure=measure, render=render,
     workload=lambda bench: metrics_workload(bench.plan.metrics, bench.plan.device)[0],
     figures=(
-        core.Figure("metrics_s_d12_b256", source=("metrics_s",), what="seconds for all "
-                    "metrics after the probe forward (depth 12, width 192, 256 images)"),
-        core.Figure("metrics_spectrum_s_d12_b256", source=("spectrum_s",), what="of those, the "
-                    "Gram matrices and their eigenvalues alone: the floor the 1e-12 rule fixes"),
-        core.Figure("metrics_over_spectrum_d12_b256", source=("metrics_over_spectrum",),
-                    op="<=", target=1.5, what="all metrics / their spectra alone, paired rounds",
-                    cause="Beyond the spectra: the float64 casts, residual norms, token cosines "
-                    "and the attention maps' entropy and similarity."),
+        core.Figure("metrics_s_d12_b256", "seconds for all metrics after the probe forward "
+                    "(depth 12, width 192, 256 images)", source=("metrics_s",)),
+        core.Figure("metrics_spectrum_s_d12_b256", "of those, the Gram matrices and their "
+                    "eigenvalues alone: the floor the 1e-12 rule fixes", source=("spectrum_s",)),
+        core.Figure("metrics_over_spectrum_d12_b256", "all metrics / their spectra alone, paired "
+                    "rounds", ("metrics_over_spectrum",), op="<=", target=1.5, cause="Beyond the "
+                    "spectra: the float64 casts, residual norms, token cosines and the attention "
+                    "maps' entropy and similarity."),
         *(core.Figure(f"metric_exponent_{factor}", source=("scaling", factor, "exponent"),
                       what=f"fitted exponent k of metric seconds ~ {factor}^k")
           for factor in SWEEPS),

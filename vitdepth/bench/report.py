@@ -1,12 +1,8 @@
 """Runs the sections (``training`` a, b; ``metric_cost`` c; ``loaders`` d; ``flops`` e, f) in one
 process, profiles each with a figure that misses its target, and formats the results: bench.json
-(everything), bench.md (every figure beside its target and verdict, the machine and its load,
-each section's part, the profiles) and scaling.png.
-
-A verdict needs an idle machine: other processes' load moves the two sides of a comparison
-apart, so where more than ``BUSY_PER_CORE`` of each core was busy with other work at the start
-or the end, no figure is marked PASS or MISS.
-"""
+(everything), bench.md (the figures beside their targets and verdicts, the machine, each section's
+part, the profiles) and scaling.png. A verdict needs an idle machine: where other processes kept
+more than ``BUSY_PER_CORE`` of each core busy at the start or the end, none is PASS or MISS."""
 
 from __future__ import annotations
 
@@ -49,7 +45,7 @@ def evaluate(results: dict, plan: core.Plan, busy: bool) -> dict[str, dict]:
 
 def measure(plan: core.Plan, root: Path) -> dict:
     """Every section in order; one that raises is recorded in ``results["errors"]`` (and those
-    that need it are not run) while the rest still run, so one failure never loses a run."""
+    that need it are not run) while the rest still run."""
     random.seed(0)  # RandAugment draws its ops and magnitudes from Python's random
     np.random.seed(0)
     torch.manual_seed(0)
@@ -83,9 +79,8 @@ def profile_misses(bench: core.Bench) -> dict[str, dict]:
 
 
 def top_functions(fn: Callable[[], object], rows: int = 12) -> dict:
-    """Run ``fn`` once under cProfile on one torch thread (cProfile sees only the calling
-    thread, and with more the metrics run in worker threads): every function by own time, and
-    vitdepth's by cumulative time, which shows the call that holds the time."""
+    """``fn`` once under cProfile on one torch thread (it sees only the calling thread, and with
+    more the metrics run in workers): every function by own time, vitdepth's by cumulative."""
     profiler, threads = cProfile.Profile(), torch.get_num_threads()
     torch.set_num_threads(1)
     try:

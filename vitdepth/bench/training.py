@@ -1,10 +1,8 @@
 """a. ``ViTClassifier`` under Lightning against the bare loop, and our ``full`` block against
 timm's, in one fit that also carries b's probe and times e's matmul peak; then, at a tiny shape
-(a few ms a CPU step, where per-step host costs show as on a GPU), the milliseconds a step of
-``vitdepth fit``'s stack adds to its bare loop, against those a trivial LightningModule adds.
-
-b. The seconds the training thread spends on each probe made while training goes on
-(``ProbeTiming.stopped_s``) against the probe's metric time at c's shape, and over an epoch."""
+(a few ms a CPU step, as on a GPU), what a step of ``vitdepth fit``'s stack adds to its bare loop,
+against what a trivial LightningModule adds. b. The seconds training stops for each probe made
+while it goes on (``ProbeTiming.stopped_s``), against the probe's metrics, and over an epoch."""
 
 from __future__ import annotations
 
@@ -54,10 +52,9 @@ class OneLinear(LightningModule):
 
 @contextlib.contextmanager
 def full_stack(plan: core.Plan, steps: int, root: str) -> Iterator:
-    """``vitdepth fit``'s whole stack at ``plan.overhead``, W&B offline as without a key, on
-    synthetic data whose one epoch holds all ``steps``, so no epoch-end work (validation, probe,
-    checkpoint) falls inside a window. Then the W&B run is finished (the next fit in this process
-    would join it) and the environment put back."""
+    """``vitdepth fit``'s whole stack at ``plan.overhead``, W&B offline, on synthetic data whose
+    one epoch holds all ``steps`` (no epoch-end work falls inside a window); then the W&B run is
+    finished (the next fit in this process would join it) and the environment put back."""
     from vitdepth.lit.cli import build_run
 
     shape = plan.overhead
@@ -133,30 +130,27 @@ SECTION = core.Section(
     render=render,
     workload=lambda bench: functools.partial(fit_full_stack, bench.plan, bench.root / "profile"),
     figures=(
-        core.Figure("ours_over_bare", op=">=", target=0.97,
-                    what="images/s of ViTClassifier under a lean Trainer / the bare loop",
-                    cause="Lightning's per-step work, independent of the model, so it weighs "
-                    "most for small models."),
-        core.Figure("block_over_timm", op=">=", target=0.98,
-                    what="bare-loop images/s, our `full` block / timm's `Block`",
-                    cause="Both run the same operators in order (VariantBlock adds an `_add` "
-                    "call and an `if` per branch), so a gap is load noise."),
-        core.Figure("step_overhead_ms", what="ms a step of `vitdepth fit`'s stack adds to the "
-                    "bare loop, at a tiny model's CPU step (a few ms)"),
-        core.Figure("lightning_floor_ms", what="ms a step of a one-Linear LightningModule adds "
-                    "to its bare loop (Lightning's floor)"),
-        core.Figure("step_overhead_over_floor", op="<=", target=1.5,
-                    what="`step_overhead_ms` / `lightning_floor_ms`",
-                    cause="Our stack's per-step host work beyond Lightning's loop (self.log "
-                    "calls, per-batch callback hooks, logger writes)."),
+        core.Figure("ours_over_bare", "images/s of ViTClassifier under a lean Trainer / the bare "
+                    "loop", op=">=", target=0.97, cause="Lightning's per-step work, independent "
+                    "of the model, so it weighs most for small models."),
+        core.Figure("block_over_timm", "bare-loop images/s, our `full` block / timm's `Block`",
+                    op=">=", target=0.98, cause="Both run the same operators in order "
+                    "(VariantBlock adds an `_add` call and an `if` per branch), so a gap is load "
+                    "noise."),
+        core.Figure("step_overhead_ms", "ms a step of `vitdepth fit`'s stack adds to the bare "
+                    "loop, at a tiny model's CPU step (a few ms)"),
+        core.Figure("lightning_floor_ms", "ms a step of a one-Linear LightningModule adds to its "
+                    "bare loop (Lightning's floor)"),
+        core.Figure("step_overhead_over_floor", "`step_overhead_ms` / `lightning_floor_ms`",
+                    op="<=", target=1.5, cause="Our stack's per-step host work beyond "
+                    "Lightning's loop (self.log calls, per-batch callback hooks, logger writes)."),
     ))
 
 
 class ProbeClock(Callback):
-    """The probes a fit makes while it trains, from the callback's ``timings``. With ``probes``,
-    it makes each next probe once the previous one's metrics are done (as the epoch between two
-    would let them be), then stops the fit. The last probe, at ``on_train_end``, has no training
-    left to overlap: not counted. Listed before its callback, so its ``on_train_end`` is first."""
+    """The probes a fit makes while it trains (the last, at ``on_train_end``, has no training to
+    overlap). With ``probes``, it makes each next probe once the previous one's metrics are done,
+    as an epoch between them would, then stops the fit. Listed before its callback."""
 
     def __init__(self, callback: RankCollapseCallback, probes: int | None = None) -> None:
         self.callback, self.probes, self.during_training = callback, probes, []
@@ -175,8 +169,7 @@ class ProbeClock(Callback):
         self.during_training = list(self.callback.timings)
 
     def results(self) -> dict[str, list[float]]:
-        """Per probe: seconds the training thread spent on it (the call, then waiting for and
-        logging its metrics), and seconds of its metrics."""
+        """Per probe: seconds the training thread spent on it, and seconds of its metrics."""
         return {"blocking_s": [t.stopped_s for t in self.during_training],
                 "metrics_s": [t.metrics_s for t in self.during_training]}
 
@@ -222,14 +215,13 @@ PROBE_SECTION = core.Section(
     render=render_probe, needs=("a",),
     workload=lambda bench: functools.partial(probe_fit, bench.plan, bench.root / "profile"),
     figures=(
-        core.Figure("callback_overhead", op="<=", target=0.02, what="training stopped by one "
-                    "probe during a's fit / a 50,000-image epoch",
-                    cause="A probe is one eager forward of the probe batch plus float64 metrics."),
-        core.Figure("probe_blocking_s", what="seconds training is stopped per probe (depth 12, "
-                    "width 192, 256 images)"),
-        core.Figure("probe_metrics_s", what="seconds of that probe's metrics"),
-        core.Figure("probe_blocking_over_metrics", op="<=", target=0.2,
-                    what="`probe_blocking_s` / `probe_metrics_s`, median over probes",
-                    cause="Training waits while the probe computes its metrics on the host; "
-                    "only the forward pass needs the model."),
+        core.Figure("callback_overhead", "training stopped by one probe during a's fit / a "
+                    "50,000-image epoch", op="<=", target=0.02, cause="A probe is one eager "
+                    "forward of the probe batch plus float64 metrics."),
+        core.Figure("probe_blocking_s", "seconds training is stopped per probe (depth 12, width "
+                    "192, 256 images)"),
+        core.Figure("probe_metrics_s", "seconds of that probe's metrics"),
+        core.Figure("probe_blocking_over_metrics", "`probe_blocking_s` / `probe_metrics_s`, "
+                    "median over probes", op="<=", target=0.2, cause="Training waits while the "
+                    "probe computes its metrics on the host; only the forward needs the model."),
     ))
