@@ -201,18 +201,14 @@ def measure_probe(bench: core.Bench) -> dict:
                                                        core.Timing(at_c["metrics_s"]))}
 
 
-def render_probe(b: dict, plan: core.Plan) -> list[str]:
-    return core.part(f"RankCollapseCallback(every_n_epochs=1): the probes of a fit at "
-                     f"{plan.metrics.label()} (probe images = batch) made while it trains, each "
-                     "once the previous one is done (the last, at `on_train_end`, has no "
-                     "training left and is not counted), and those during a's fit "
-                     f"({plan.probe_size} probe images) against a {plan.epoch_images:,}-image "
-                     "epoch of a's Lightning steps, scaled, not run.")
-
-
 PROBE_SECTION = core.Section(
-    "b", "Rank-collapse probe: blocking and overhead", measure=measure_probe,
-    render=render_probe, needs=("a",),
+    "b", "Rank-collapse probe: blocking and overhead", measure=measure_probe, needs=("a",),
+    render=lambda b, plan: core.part(
+        f"RankCollapseCallback(every_n_epochs=1): the probes of a fit at {plan.metrics.label()} "
+        "(probe images = batch) made while it trains, each once the previous one is done (the "
+        "last, at `on_train_end`, runs whole with no training left and is not counted), and "
+        f"those during a's fit ({plan.probe_size} probe images) against a "
+        f"{plan.epoch_images:,}-image epoch of a's Lightning steps, scaled, not run."),
     workload=lambda bench: functools.partial(probe_fit, bench.plan, bench.root / "profile"),
     figures=(
         core.Figure("callback_overhead", "training stopped by one probe during a's fit / a "
