@@ -61,7 +61,7 @@ from vitdepth.probe import (
     probe_layers,
 )
 from vitdepth.rundir import INIT_EPOCH, LAYERS, LAYERS_COLUMNS, SCALE_FREE, VANISHED, tokens_vanished
-from vitdepth.wandb_view.keys import LAYERS_TABLE, STEP
+from vitdepth.wandb_view.keys import LAYERS_TABLE
 
 # attn_similarity is NaN by definition at layers 0-1, attn_entropy at layer 0.
 UNDEFINED_AT = {"attn_entropy": 1, "attn_similarity": 2}
@@ -435,12 +435,10 @@ class RankCollapseCallback(Callback):
     @staticmethod
     def _log_wandb_table(trainer: pl.Trainer, rows: list[dict], step: int) -> None:
         for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                import wandb
-
+            if isinstance(logger, WandbLogger):  # via log_metrics: with trainer/global_step
                 columns = list(rows[0])
-                table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
-                logger.experiment.log({LAYERS_TABLE: table, STEP: step})
+                data = [[row[column] for column in columns] for row in rows]
+                logger.log_table(LAYERS_TABLE, columns=columns, data=data, step=step)
 
 
 def _nanmean(values: list[float]) -> float:
