@@ -1,4 +1,4 @@
-"""Runs the sections (``training`` a, b; ``metric_cost`` c; ``loaders`` d; ``flops`` e, f) in one
+"""Runs the sections (``training`` a, b; ``metric_cost`` c; ``loaders`` d; e, f) in one
 process, profiles each with a figure that misses its target, and formats the results: bench.json
 (everything), bench.md (the figures beside their targets and verdicts, the machine, each section's
 part, the profiles) and scaling.png. A verdict needs an idle machine: where other processes kept
@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitdepth.bench import core, flops, loaders, metric_cost, training
+from vitdepth.bench import core, loaders, metric_cost, training
 from vitdepth.rundir import atomic_write_json, atomic_write_text
 
-SECTIONS: tuple[core.Section, ...] = (training.SECTION, training.PROBE_SECTION, metric_cost.SECTION,
-                                      loaders.SECTION, flops.SECTION, flops.GPU_SECTION)
+SECTIONS = (training.SECTION, training.PROBE_SECTION, metric_cost.SECTION, loaders.SECTION,
+            training.FLOP_SECTION, training.GPU_SECTION)
 MEASURED = "abefcd"  # a's fit first (b, e and f reuse it), then the metric cost and the loaders
 BUSY_PER_CORE = 0.5
 GLIBC_ADVICE = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296"
