@@ -1,33 +1,11 @@
 """Small data sets written in the real on-disk formats, for tests of the real loaders."""
 
 import gzip
-import pickle
 
 import numpy as np
 from PIL import Image
 
-
-def write_fake_cifar(root, hundred: bool, n: int = 20, learnable: bool = False) -> dict[str, np.ndarray]:
-    """CIFAR's real on-disk format (pickled dicts with str keys) with random pixels; returns the test data.
-
-    With ``learnable`` the pixels of class c are brighter in channel c % 3 by 40 * (c // 3 + 1), which
-    a tiny ViT learns in a few epochs, through crops and flips.
-    """
-    rng = np.random.default_rng(0)
-    classes, key = (100, "fine_labels") if hundred else (10, "labels")
-    folder = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
-    folder.mkdir()
-    names = ["train", "test"] if hundred else [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name in names:
-        labels = [i % classes for i in range(n)]
-        data = rng.integers(0, 256 - 160 * learnable, (n, 3, 1024))
-        if learnable:
-            data[np.arange(n), np.array(labels) % 3] += 40 * (np.array(labels)[:, None] // 3 + 1)
-        batch = {"data": data.reshape(n, 3072).astype(np.uint8), key: labels}
-        (folder / name).write_bytes(pickle.dumps(batch))
-    meta_name, meta_key = ("meta", "fine_label_names") if hundred else ("batches.meta", "label_names")
-    (folder / meta_name).write_bytes(pickle.dumps({meta_key: [f"c{i}" for i in range(classes)]}))
-    return batch
+from vitdepth.data.datasets import write_fake_cifar  # noqa: F401 - the tests import it from here
 
 
 def write_image_tree(root, counts: dict[str, dict[str, int]]) -> None:

@@ -6,34 +6,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
-import numpy as np
 import torch
 
 from vitdepth.bench import core
 from vitdepth.data import ImageDataModule
+from vitdepth.data.datasets import write_fake_cifar
 
 ON_DEVICE = "cifar10 on device"
 # configs/cifar10_lee_vit.yaml + configs/data/cifar10.yaml: listed for information, not a default
 RECIPE_AUGMENT = {"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.25}
 RECIPE = f"recipe: {RECIPE_AUGMENT['auto_augment']}, re_prob {RECIPE_AUGMENT['re_prob']}"
-
-
-def write_fake_cifar10(root: Path, per_batch: int) -> None:
-    """CIFAR-10's python format (pickled dicts, uint8 rows of R, G, B planes), random pixels."""
-    folder = Path(root) / "cifar-10-batches-py"
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
-        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 "labels": [i % 10 for i in range(per_batch)]}
-        (folder / name).write_bytes(pickle.dumps(batch))
-    meta = {"label_names": [f"class{i}" for i in range(10)]}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
 
 
 def data_module(name: str, batch_size: int, root: Path, **options) -> ImageDataModule:
@@ -52,7 +38,7 @@ def training_data(plan: core.Plan, root: Path) -> ImageDataModule:
     validation fifth holds one probe batch."""
     probe, batch = plan.probe_size, plan.train.batch_size
     if plan.resident_data:
-        write_fake_cifar10(root, max(plan.cifar_per_batch, probe))
+        write_fake_cifar(root, hundred=False, n=max(plan.cifar_per_batch, probe))
         return data_module("cifar10", batch, root, probe_size=probe, on_device=True)
     images = max(5 * probe, int((plan.windows.steps + 1) * batch / 0.8) + 1)
     return data_module("synthetic", batch, root, probe_size=probe, num_samples=images)
@@ -86,7 +72,7 @@ def measure(bench: core.Bench) -> dict:
     plan, root = bench.plan, bench.root
     core.log("d: data loaders vs the training step at each data set's shape")
     batches = 3 if plan.quick else 20
-    write_fake_cifar10(root, plan.cifar_per_batch)
+    write_fake_cifar(root, hundred=False, n=plan.cifar_per_batch)
     sides, rows, shapes = {}, {}, {}
     for label, (name, options, default) in cases(plan, batches).items():
         fields = dict(zip(("img_size", "in_chans", "patch_size"), core.LOADER_SHAPES[name]))

@@ -1,8 +1,11 @@
-"""Dataset views used by ImageDataModule: in-memory tensors, transformed views, synthetic data."""
+"""Dataset views used by ImageDataModule: in-memory tensors, transformed views, synthetic data;
+and fake CIFAR files in the real format, for `vitdepth bench` and the tests of the real loaders."""
 
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -59,3 +62,26 @@ def synthetic_images(num_samples: int, num_classes: int, img_size: int, in_chans
 def class_dirs(folder: Path) -> list[str]:
     """Sorted sub-folder names: the class list of an ImageFolder tree (empty if the folder is missing)."""
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def write_fake_cifar(root: Path, hundred: bool, n: int = 20, learnable: bool = False) -> dict[str, np.ndarray]:
+    """CIFAR's real on-disk format (pickled dicts with str keys) with random pixels; returns the test data.
+
+    With ``learnable`` the pixels of class c are brighter in channel c % 3 by 40 * (c // 3 + 1), which
+    a tiny ViT learns in a few epochs, through crops and flips.
+    """
+    rng = np.random.default_rng(0)
+    classes, key = (100, "fine_labels") if hundred else (10, "labels")
+    folder = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ["train", "test"] if hundred else [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        labels = [i % classes for i in range(n)]
+        data = rng.integers(0, 256 - 160 * learnable, (n, 3, 1024))
+        if learnable:
+            data[np.arange(n), np.array(labels) % 3] += 40 * (np.array(labels)[:, None] // 3 + 1)
+        batch = {"data": data.reshape(n, 3072).astype(np.uint8), key: labels}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    meta_name, meta_key = ("meta", "fine_label_names") if hundred else ("batches.meta", "label_names")
+    (folder / meta_name).write_bytes(pickle.dumps({meta_key: [f"c{i}" for i in range(classes)]}))
+    return batch
