@@ -44,9 +44,6 @@ def test_quick_bench_json_has_every_figure_and_its_provenance(quick_bench):
     assert {"depth", "tokens", "batch"} <= set(results["c"]["scaling"])
     assert {"digits", "mnist5k", "synthetic", "cifar10"} <= set(results["d"]["loaders"])
     assert results["e"]["flops_per_step"] > 0
-    for name, figure in doc["figures"].items():
-        if figure["met"] is False:
-            assert results["profiles"][figure["section"]]["own"], f"{name} missed unprofiled"
 
 
 def test_quick_bench_markdown_lists_every_figure_with_its_target(quick_bench):
@@ -61,6 +58,9 @@ def test_quick_bench_markdown_lists_every_figure_with_its_target(quick_bench):
             assert shown[verdicts[figure.name]] in row, row
     for section in SECTIONS:
         assert f"## {section.key}. {section.title}" in text
+    missed = text.split("## Missed targets")[1]
+    for name, f in json.loads((quick_bench / "bench.json").read_text())["figures"].items():
+        assert (f"- `{name}` =" in missed) == (f["met"] is False), name
     assert "Not run: this was a CPU benchmark" in text
     assert "Quick mode" in text and "GLIBC_TUNABLES" in text and "vitdepth bench --device cpu --quick" in text
 
@@ -73,7 +73,7 @@ def test_cuda_without_a_gpu_is_a_one_line_usage_error(tmp_path, monkeypatch, cap
     assert not (tmp_path / "gpu").exists()
 
 
-def test_every_figure_is_registered_once_and_every_target_has_a_cause_and_a_profile():
+def test_every_figure_is_registered_once_and_every_target_has_a_cause():
     names = [f.name for f in figures(GPU)]
     assert len(names) == len(set(names)) and set(names) - {f.name for f in figures(CPU)} == {
         "mfu_bf16_eager", "mfu_bf16_compile"}
@@ -81,7 +81,7 @@ def test_every_figure_is_registered_once_and_every_target_has_a_cause_and_a_prof
         for figure in section.figures:
             assert (figure.op is None) == (figure.target is None), figure.name
             if figure.op:
-                assert figure.cause and section.workload, figure.name
+                assert figure.cause, figure.name
 
 
 def meta_of(doc: dict, **changes) -> dict:

@@ -240,17 +240,13 @@ class BareLoop:
         return windows.side(fetch_and_step, self.device)
 
 
-def step_side(shape: StepShape, plan: Plan, compile: bool = False) -> Side:
-    """A window of bare training steps on one fixed random batch of ``shape`` per call; compiled,
-    it runs one window first, so that the compilation is not timed."""
+def step_side(shape: StepShape, plan: Plan) -> Side:
+    """A window of bare training steps on one fixed random batch of ``shape`` per call."""
     device = torch.device(plan.device)
     torch.manual_seed(0)
-    loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision, compile)
+    loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision)
     images, labels = random_batch(shape, device)
-    side = plan.windows.side(lambda: loop.step(images, labels), device)
-    if compile:
-        side()
-    return side
+    return plan.windows.side(lambda: loop.step(images, labels), device)
 
 
 class Interleave(Callback):
@@ -348,7 +344,7 @@ class Figure:
     source: tuple[str, ...] = ()  # keys to the value in the section's results; () = (name,)
     op: str | None = None  # ">=", "<=", or None for a figure reported without a target
     target: float | None = None
-    cause: str = ""  # the known cause, shown beside the section's profile when it misses
+    cause: str = ""  # the known cause, listed when it misses
     peak_fraction: bool = False  # a fraction of a measured peak: above 1 it is an error
 
     def judge(self, section: dict | None, busy: bool) -> dict:
@@ -380,8 +376,6 @@ class Section:
     needs: tuple[str, ...] = ()  # sections whose state it reads from the Bench
     runs: Callable[[Plan], bool] = lambda plan: True
     not_run: str = ""  # bench.md's paragraph where it does not run
-    # builds (unprofiled) the call that is cProfiled once when one of the figures misses
-    workload: Callable[[Bench], Callable[[], object]] | None = None
 
 
 def fmt(value) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -120,16 +119,8 @@ def render(d: dict, plan: core.Plan) -> list[str]:
                      ["loader", "loader images/s", "step images/s", "ratio", "step shape"], rows)
 
 
-def workload(bench: core.Bench) -> Callable[[], None]:
-    """A pass of four batches of every loader that ran."""
-    plan, ran = bench.plan, bench.results["d"]["loaders"]
-    built = [data_module(name, plan.train.batch_size, bench.root, **options).train_dataloader()
-             for label, (name, options, _) in cases(plan, 4).items() if "error" not in ran[label]]
-    return lambda: [list(itertools.islice(loader, 4)) for loader in built]
-
-
 SECTION = core.Section(
-    "d", "Data loaders vs the training step", measure=measure, render=render, workload=workload,
+    "d", "Data loaders vs the training step", measure=measure, render=render,
     figures=(
         core.Figure("loader_over_step", "train-loader images/s / training-step images/s at the "
                     "same shape (min over default loaders)", op=">=", target=5,

@@ -123,7 +123,6 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
 
 SECTION = core.Section(
     "c", "Metric cost and its scaling", measure=measure, render=render,
-    workload=lambda bench: metrics_workload(bench.plan.metrics, bench.plan.device)[0],
     figures=(
         core.Figure("metrics_s_d12_b256", "seconds for all metrics after the probe forward "
                     "(depth 12, width 192, 256 images)", source=("metrics_s",)),

@@ -1,17 +1,14 @@
-"""Runs the sections (``training`` a, b; ``metric_cost`` c; ``loaders`` d; e, f) in one
-process, profiles each with a figure that misses its target, and formats the results: bench.json
-(everything), bench.md (the figures beside their targets and verdicts, the machine, each section's
-part, the profiles) and scaling.png. A verdict needs an idle machine: where other processes kept
-more than ``BUSY_PER_CORE`` of each core busy at the start or the end, none is PASS or MISS."""
+"""Runs the sections (``training`` a, b, e, f; ``metric_cost`` c; ``loaders`` d) in one process
+and formats the results: bench.json (everything), bench.md (the figures beside their targets and
+verdicts, the machine, each section's part, the missed targets' causes) and scaling.png. A
+verdict needs an idle machine: where other processes kept more than ``BUSY_PER_CORE`` of each
+core busy at the start or the end, none is PASS or MISS."""
 
 from __future__ import annotations
 
-import cProfile
 import dataclasses
-import pstats
 import random
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +50,7 @@ def measure(plan: core.Plan, root: Path) -> dict:
     errors = bench.results["errors"]
     steps = [(s.key, s.measure, s.needs)
              for s in sorted(sections(plan), key=lambda s: MEASURED.index(s.key))]
-    for key, run, needs in [*steps, ("profiles", profile_misses, ())]:
+    for key, run, needs in steps:
         failed = [k for k in needs if k in errors]
         if failed:
             errors[key] = f"not run: it needs section {failed[0]}, which failed"
@@ -64,39 +61,6 @@ def measure(plan: core.Plan, root: Path) -> dict:
             errors[key] = message = f"{type(error).__name__}: {error}"
             core.log(f"{key} failed: {message}\n{traceback.format_exc()}")
     return bench.results
-
-
-def profile_misses(bench: core.Bench) -> dict[str, dict]:
-    """A profile of each section with a figure that misses its target, busy machine or not."""
-    missed = {f["section"] for f in evaluate(bench.results, bench.plan, False).values()
-              if f["met"] is False}
-    profiles = {}
-    for section in sections(bench.plan):
-        if section.key in missed and section.workload is not None:
-            core.log(f"profile: section {section.key} misses a target")
-            profiles[section.key] = top_functions(section.workload(bench))
-    return profiles
-
-
-def top_functions(fn: Callable[[], object], rows: int = 12) -> dict:
-    """``fn`` once under cProfile on one torch thread (it sees only the calling thread, and with
-    more the metrics run in workers): every function by own time, vitdepth's by cumulative."""
-    profiler, threads = cProfile.Profile(), torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        profiler.runcall(fn)
-    finally:
-        torch.set_num_threads(threads)
-    stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tottime, cumtime, _)}
-    total = sum(v[2] for v in stats.values()) or 1
-
-    def top(column: int, where: str = "") -> list[list]:
-        ranked = sorted((kv for kv in stats.items() if where in kv[0][0]),
-                        key=lambda kv: -kv[1][column])
-        return [[f"`{name} ({file.rsplit('/', 1)[-1]}:{line})`", v[column] * 1e3,
-                 f"{v[column] / total:.1%}", v[1]] for (file, line, name), v in ranked[:rows]]
-
-    return {"total_ms": total * 1e3, "own": top(2), "vitdepth_cumulative": top(3, "/vitdepth/")}
 
 
 def write_report(out: Path, results: dict, plan: core.Plan, meta: dict) -> list[Path]:
@@ -158,22 +122,12 @@ def markdown(figs: dict, results: dict, plan: core.Plan, meta: dict) -> list[str
             lines += section.render(results[section.key], plan)
         else:
             lines += [f"**ERROR**: `{results['errors'].get(section.key, 'not measured')}`", ""]
-    return lines + misses(figs, results, plan)
+    return lines + misses(figs, plan)
 
 
-def misses(figs: dict, results: dict, plan: core.Plan) -> list[str]:
-    """Each figure that misses its target with its known cause, then its section's profile."""
+def misses(figs: dict, plan: core.Plan) -> list[str]:
+    """Each figure that misses its target, with its known cause."""
     causes = {figure.name: figure.cause for figure in figures(plan)}
-    lines = ["## Missed targets", ""]
-    lines += [f"- `{name}` = {core.fmt(f['value'])} (target {target(f)}): {causes[name]}"
-              for name, f in figs.items() if f["met"] is False] or ["None."]
-    profiles = results.get("profiles", {})
-    lines += ["", "## Profile of missed figures", ""] if profiles else [""]
-    for key, profile in profiles.items():
-        lines += [f"Section {key}'s workload once under cProfile on one torch thread, "
-                  f"{profile['total_ms']:,.0f} ms: every function by own time, then vitdepth's "
-                  "by cumulative time.", "",
-                  *core.table(["function", "own ms", "share", "calls"], profile["own"]),
-                  *core.table(["function", "cumulative ms", "share", "calls"],
-                              profile["vitdepth_cumulative"])]
-    return lines
+    missed = [f"- `{name}` = {core.fmt(f['value'])} (target {target(f)}): {causes[name]}"
+              for name, f in figs.items() if f["met"] is False]
+    return ["## Missed targets", "", *(missed or ["None."]), ""]

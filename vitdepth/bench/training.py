@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import operator
 import os
 import statistics
@@ -122,17 +121,9 @@ def render(a: dict, plan: core.Plan) -> list[str]:
     return core.part(text, ["loop", "ms/step", "spread"], rows)
 
 
-def fit_full_stack(plan: core.Plan, root: Path) -> None:
-    """The profile of a's miss: where the full stack's per-step host time goes (at a's shape it
-    would show only the model's own operators)."""
-    with full_stack(plan, plan.overhead_windows.steps, str(root / "runs")) as cli:
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-
-
 SECTION = core.Section(
     "a", "Lightning vs a bare loop; our block vs timm's; per-step overhead", measure=measure,
     render=render,
-    workload=lambda bench: functools.partial(fit_full_stack, bench.plan, bench.root / "profile"),
     figures=(
         core.Figure("ours_over_bare", "images/s of ViTClassifier under a lean Trainer / the bare "
                     "loop", op=">=", target=0.97, cause="Lightning's per-step work, independent "
@@ -213,7 +204,6 @@ PROBE_SECTION = core.Section(
         "last, at `on_train_end`, runs whole with no training left and is not counted), and "
         f"those during a's fit ({plan.probe_size} probe images) against a "
         f"{plan.epoch_images:,}-image epoch of a's Lightning steps, scaled, not run."),
-    workload=lambda bench: functools.partial(probe_fit, bench.plan, bench.root / "profile"),
     figures=(
         core.Figure("callback_overhead", "training stopped by one probe during a's fit / a "
                     "50,000-image epoch", op="<=", target=0.02, cause="A probe is one eager "
@@ -285,7 +275,6 @@ FLOP_SECTION = core.Section(
         f"FLOPs of one step's forward and backward at {plan.train.label()} (`FlopCounterMode`, "
         f"explicit attention; not the optimizer), against a {plan.matmul_n}^3 "
         f"{plan.matmul_dtype} matmul timed between a's windows."),
-    workload=lambda bench: core.step_side(bench.plan.train, bench.plan),
     figures=(
         core.Figure("flop_fraction", "achieved FLOP/s of the training step / the matmul FLOP/s "
                     "timed beside it", op=">=", target=0.40, peak_fraction=True, cause="The count "
@@ -296,7 +285,6 @@ FLOP_SECTION = core.Section(
 GPU_SECTION = core.Section(
     "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, render=render_gpu,
     needs=("a", "e"), runs=lambda plan: plan.device == "cuda",
-    workload=lambda bench: core.step_side(bench.plan.train, bench.plan, compile=True),
     not_run="Not run: this was a CPU benchmark. `vitdepth bench --device cuda` measures MFU at "
     "bf16-mixed, eager and compiled, at ViT-S/4, batch 1024 (results/bench/h200: an H200).",
     figures=(
