@@ -52,7 +52,6 @@ class Windows:
         return f"{self.rounds} rounds of {self.calls} steps, each after {self.warmup} untimed"
 
     def side(self, fn: Callable[[], object], device: torch.device | str) -> Side:
-        """Per call: ``warmup`` untimed calls of ``fn``, then seconds per call over ``calls``."""
         sync = synchronizer(device)
 
         def window() -> float:
@@ -84,14 +83,11 @@ class Timing:
     def median(self) -> float:
         return statistics.median(self.seconds)
 
-    @property
-    def spread(self) -> float:
-        """(max - min) / median over windows: how noisy the machine was."""
-        return (max(self.seconds) - min(self.seconds)) / self.median if self.median > 0 else 0.0
-
     def as_dict(self) -> dict:
+        """With the spread, (max - min) / median over windows: how noisy the machine was."""
+        spread = (max(self.seconds) - min(self.seconds)) / self.median if self.median > 0 else 0.0
         return {"median_s": self.median, "seconds": self.seconds, "calls_per_repeat": self.calls,
-                "spread": self.spread}
+                "spread": spread}
 
 
 def interleave(sides: dict[str, Side], rounds: int, untimed: int = 0) -> dict[str, Timing]:

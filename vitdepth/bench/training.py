@@ -1,11 +1,8 @@
-"""a. ``ViTClassifier`` under Lightning against the bare loop, and our ``full`` block against
-timm's, in one fit that also carries b's probe and times e's matmul peak; then, at a tiny shape
-(a few ms a CPU step, as on a GPU), what a step of ``vitdepth fit``'s stack adds to its bare loop,
-against what a trivial LightningModule adds. b. The seconds training stops for each probe made
-while it goes on (``ProbeTiming.stopped_s``), against the probe's metrics, and over an epoch.
-e. The step's FLOP rate over a's step times, against the matmul peak timed between a's windows;
-f (``--device cuda``): MFU at bf16-mixed, eager (e's fraction) and compiled, in a fit of its own.
-A step cannot beat the peak measured beside it: a fraction above 1 is an error, never a pass."""
+"""The sections of one Lightning fit, which carries b's probes and times e's matmul peak beside
+its windows. a. Lightning against the bare loop, our ``full`` block against timm's, and, at a tiny
+shape (a CPU step of a few ms, as on a GPU), what a step of ``vitdepth fit``'s stack adds to its
+bare loop against what a trivial LightningModule adds. b. The seconds training stops per probe.
+e. The step's FLOP rate over the matmul's; f (``--device cuda``): MFU, eager and compiled."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ FITS = {"stack_lightning": "`vitdepth fit`'s stack", "stack_bare": "its bare loo
 
 
 class OneLinear(LightningModule):
-    """Lightning's own floor: one Linear layer, nothing logged, ``ViTClassifier``'s optimizer
-    and loss."""
+    """Lightning's floor: one Linear layer, nothing logged, ``ViTClassifier``'s optimizer, loss."""
 
     def __init__(self, shape: core.StepShape) -> None:
         super().__init__()
@@ -55,9 +51,8 @@ class OneLinear(LightningModule):
 
 @contextlib.contextmanager
 def full_stack(plan: core.Plan, steps: int, root: str) -> Iterator:
-    """``vitdepth fit``'s whole stack at ``plan.overhead``, W&B offline, on synthetic data whose
-    one epoch holds all ``steps`` (no epoch-end work falls inside a window); then the W&B run is
-    finished (the next fit in this process would join it) and the environment put back."""
+    """``vitdepth fit``'s stack at ``plan.overhead``, W&B offline, one epoch holding all ``steps``
+    (no epoch-end work in a window); the W&B run is finished after, or the next fit joins it."""
     from vitdepth.lit.cli import build_run
 
     shape = plan.overhead
@@ -89,15 +84,13 @@ def measure(bench: core.Bench) -> dict:
     bench.loops = t = core.compare_loops(plan, bench.data, root, [probes, probes.callback])
     bench.probes = probes.results()
     core.log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
-    # the full stack (RankCollapse, Preemption, the divergence check, CSV and W&B loggers,
-    # checkpointing), then OneLinear under a lean Trainer on the same data
     windows = plan.overhead_windows
     with full_stack(plan, windows.steps, f"{root}/overhead/runs") as cli:
         cli.datamodule.setup("fit")
         fits = {"stack": core.timed_fit(plan, cli.trainer, cli.model, cli.datamodule, windows)}
     trainer = core.lightning_trainer(plan, windows.steps, [], f"{root}/overhead")
-    fits["floor"] = core.timed_fit(plan, trainer, OneLinear(plan.overhead), cli.datamodule,
-                                   windows)
+    floor_module = OneLinear(plan.overhead)
+    fits["floor"] = core.timed_fit(plan, trainer, floor_module, cli.datamodule, windows)
     overhead, floor = (1e3 * core.paired(fits[k]["lightning"], fits[k]["bare"], operator.sub)
                        for k in ("stack", "floor"))
     return {"shape": plan.train.label(), "precision": plan.precision,
@@ -112,30 +105,25 @@ def measure(bench: core.Bench) -> dict:
             "step_overhead_over_floor": overhead / floor if floor > 0 else None}
 
 
-def render(a: dict, plan: core.Plan) -> list[str]:
-    text = (f"Model: {a['shape']}, {a['precision']}; one lean fit, {plan.windows.label()}, the "
-            f"references timed between its windows. Per-step overhead at {a['overhead_shape']}: "
-            f"each fit with its own bare loop, {plan.overhead_windows.label()}; overhead = "
-            "median of paired differences.")
-    rows = core.spread_rows(LOOPS | FITS, a["timings"] | a["overhead_timings"], 1e3)
-    return core.part(text, ["loop", "ms/step", "spread"], rows)
-
-
 SECTION = core.Section(
     "a", "Lightning vs a bare loop; our block vs timm's; per-step overhead", measure=measure,
-    render=render,
+    render=lambda a, plan: core.part(
+        f"Model: {a['shape']}, {a['precision']}; one lean fit, {plan.windows.label()}, the "
+        f"references timed between its windows. Per-step overhead at {a['overhead_shape']}: "
+        f"each fit with its own bare loop, {plan.overhead_windows.label()}; overhead = median of "
+        "paired differences.", ["loop", "ms/step", "spread"],
+        core.spread_rows(LOOPS | FITS, a["timings"] | a["overhead_timings"], 1e3)),
     figures=(
         core.Figure("ours_over_bare", "images/s of ViTClassifier under a lean Trainer / the bare "
                     "loop", op=">=", target=0.97, cause="Lightning's per-step work, independent "
                     "of the model, so it weighs most for small models."),
         core.Figure("block_over_timm", "bare-loop images/s, our `full` block / timm's `Block`",
-                    op=">=", target=0.98, cause="Both run the same operators in order "
-                    "(VariantBlock adds an `_add` call and an `if` per branch), so a gap is load "
-                    "noise."),
-        core.Figure("step_overhead_ms", "ms a step of `vitdepth fit`'s stack adds to the bare "
-                    "loop, at a tiny model's CPU step (a few ms)"),
+                    op=">=", target=0.98, cause="Both run the same operators (VariantBlock adds "
+                    "an `_add` call and an `if` per branch): a gap is load noise."),
+        core.Figure("step_overhead_ms", "ms a step of `vitdepth fit`'s stack adds to its bare "
+                    "loop"),
         core.Figure("lightning_floor_ms", "ms a step of a one-Linear LightningModule adds to its "
-                    "bare loop (Lightning's floor)"),
+                    "bare loop"),
         core.Figure("step_overhead_over_floor", "`step_overhead_ms` / `lightning_floor_ms`",
                     op="<=", target=1.5, cause="Our stack's per-step host work beyond "
                     "Lightning's loop (self.log calls, per-batch callback hooks, logger writes)."),
@@ -176,8 +164,7 @@ def probe_fit(plan: core.Plan, root: Path) -> dict[str, list[float]]:
     train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
     data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
                                num_samples=5 * shape.batch_size + 50, probe_size=shape.batch_size)
-    clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size),
-                       probes=3)
+    clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size), 3)
     trainer = core.lightning_trainer(plan, 1000, [clock, clock.callback], str(root))
     trainer.fit(core.classifier(train), datamodule=data)
     return clock.results()
@@ -208,8 +195,7 @@ PROBE_SECTION = core.Section(
         core.Figure("callback_overhead", "training stopped by one probe during a's fit / a "
                     "50,000-image epoch", op="<=", target=0.02, cause="A probe is one eager "
                     "forward of the probe batch plus float64 metrics."),
-        core.Figure("probe_blocking_s", "seconds training is stopped per probe (depth 12, width "
-                    "192, 256 images)"),
+        core.Figure("probe_blocking_s", "seconds training is stopped per probe at c's shape"),
         core.Figure("probe_metrics_s", "seconds of that probe's metrics"),
         core.Figure("probe_blocking_over_metrics", "`probe_blocking_s` / `probe_metrics_s`, "
                     "median over probes", op="<=", target=0.2, cause="Training waits while the "
@@ -225,8 +211,8 @@ def fractions(flops: int, timings: dict[str, core.Timing], plan: core.Plan) -> d
 
 
 def measure_flops(bench: core.Bench) -> dict:
-    """FLOPs of one step's forward and backward by ``FlopCounterMode``, on a copy with timm's
-    explicit attention: the counter has no formula for CPU's fused SDPA."""
+    """FLOPs of one step, on a copy with explicit attention: the counter has no formula for CPU's
+    fused SDPA."""
     plan, device = bench.plan, torch.device(bench.plan.device)
     core.log("e: FLOPs per step, against the matmul peak timed in a's rounds")
     model = core.classifier(plan.train).model.to(device).train()
@@ -247,10 +233,9 @@ def measure_flops(bench: core.Bench) -> dict:
 
 
 def measure_gpu(bench: core.Bench) -> dict:
-    plan = bench.plan
+    plan, e = bench.plan, bench.results["e"]
     core.log(f"f: {plan.precision} with torch.compile (the first steps compile)")
     compiled = core.compare_loops(plan, bench.data, str(bench.root), compile=True)
-    e = bench.results["e"]
     fraction = fractions(e["flops_per_step"], compiled, plan)
     return {"gpu": torch.cuda.get_device_name(0), "precision": plan.precision,
             "compiled_images_per_s": {k: plan.train.batch_size / compiled[k].median
@@ -277,9 +262,8 @@ FLOP_SECTION = core.Section(
         f"{plan.matmul_dtype} matmul timed between a's windows."),
     figures=(
         core.Figure("flop_fraction", "achieved FLOP/s of the training step / the matmul FLOP/s "
-                    "timed beside it", op=">=", target=0.40, peak_fraction=True, cause="The count "
-                    "covers only FLOPs; a ViT step also runs memory-bound operators (LayerNorm, "
-                    "GELU, softmax, AdamW) and matmuls far smaller than the peak's."),
+                    "timed beside it", op=">=", target=0.40, peak_fraction=True, cause="Memory-"
+                    "bound operators (LayerNorm, GELU, softmax, AdamW), matmuls far smaller."),
     ))
 
 GPU_SECTION = core.Section(
@@ -291,7 +275,6 @@ GPU_SECTION = core.Section(
         core.Figure("mfu_bf16_eager", "MFU of ViTClassifier (Lightning), bf16-mixed, eager",
                     peak_fraction=True),
         core.Figure("mfu_bf16_compile", "MFU of ViTClassifier (Lightning), bf16-mixed, "
-                    "torch.compile, vs the bf16 matmul timed beside it", op=">=", target=0.40,
-                    peak_fraction=True, cause="Time outside the GEMMs (attention, norms, the "
-                    "optimizer) and launch gaps."),
+                    "torch.compile", op=">=", target=0.40, peak_fraction=True,
+                    cause="Time outside the GEMMs (attention, norms, the optimizer), launch gaps."),
     ))
