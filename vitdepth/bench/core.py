@@ -1,10 +1,9 @@
-"""What every section shares: the plan (what is measured, at which sizes), the one clock and the
-loops it times, and the ``Figure`` and ``Section`` a section defines beside its measure.
+"""What every section shares: the plan, the clock and the loops it times, ``Figure``, ``Section``.
 
 A side is timed in windows of several calls, so one slow call moves a window, not the figure; the
-sides of a comparison run in rounds, A B A B ..., and the figure is the median over rounds of each
-round's ratio or difference, so load that comes and goes hits both alike. On CUDA the clock
-synchronises at window edges only, so the host keeps queueing work inside a window."""
+sides of a comparison run in rounds, A B A B ..., and the figure is the median of each round's
+ratio or difference, so load that comes and goes hits both alike. On CUDA the clock synchronises
+at window edges only, so the host keeps queueing work inside a window."""
 
 from __future__ import annotations
 
@@ -141,8 +140,7 @@ LOADER_SHAPES = {"digits": (8, 1, 2), "mnist5k": (28, 1, 4), "synthetic": (32, 3
 
 @dataclass(frozen=True)
 class Plan:
-    """The full CPU benchmark, at the issues' sizes; ``make_plan`` changes it for CUDA (ViT-S/4
-    at batch 1024, the H200 MFU target's shape) and ``--quick`` (seconds: it checks the code)."""
+    """The full CPU benchmark; ``make_plan`` changes it for CUDA (ViT-S/4) and ``--quick``."""
 
     device: str = "cpu"
     quick: bool = False
@@ -277,7 +275,6 @@ class Interleave(Callback):
 
 
 def lightning_trainer(plan: Plan, steps: int, callbacks: list, root: str) -> Trainer:
-    """A lean Trainer: no validation, logger or checkpoints, progress bar off."""
     return Trainer(accelerator="gpu" if plan.device == "cuda" else "cpu", devices=1,
                    precision=plan.precision, max_steps=steps, limit_val_batches=0,
                    num_sanity_val_steps=0, enable_progress_bar=False, logger=False,
@@ -301,8 +298,7 @@ def timed_fit(plan: Plan, trainer: Trainer, module, datamodule, windows: Windows
 
 def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (),
                   compile: bool = False) -> dict[str, Timing]:
-    """``ViTClassifier`` under a lean Trainer, with the bare loop of the same weights (and,
-    eager, timm's stock ViT) and the matmul peak timed between its windows."""
+    """A lean fit, with the bare loop of its weights, timm's ViT (eager) and the matmul peak."""
     module = classifier(plan.train, compile=compile)
     models = {"bare": module.model}
     if not compile:  # the same weights, strictly: our ``full`` ViT has timm's names
@@ -344,9 +340,7 @@ class Figure:
     peak_fraction: bool = False  # a fraction of a measured peak: above 1 it is an error
 
     def judge(self, section: dict | None, busy: bool) -> dict:
-        """bench.json's entry. The verdict is PASS or MISS only for a plausible value measured
-        on an idle machine: ERROR where it was not measured or is a fraction of a peak above 1,
-        NOT JUDGED where other load may have moved either side of a comparison."""
+        """bench.json's entry: PASS or MISS only for a plausible value on an idle machine."""
         value = section
         for key in self.source or (self.name,):
             value = value.get(key) if isinstance(value, dict) else None
@@ -390,7 +384,6 @@ def table(columns: list[str], rows: list[list]) -> list[str]:
 
 
 def part(text: str, columns: list[str] = (), rows: list[list] = ()) -> list[str]:
-    """A section's part of bench.md: what was measured, how, and what against; then its table."""
     return [text, "", *(table(columns, rows) if rows else [])]
 
 

@@ -22,8 +22,7 @@ RECIPE = f"recipe: {RECIPE_AUGMENT['auto_augment']}, re_prob {RECIPE_AUGMENT['re
 
 
 def data_module(name: str, batch_size: int, root: Path, **options) -> ImageDataModule:
-    """The data module ``name`` at its defaults (augmenting, ``num_workers=0``), set up. The fake
-    CIFAR-10's files cannot match torchvision's MD5s, so any existing file passes its check."""
+    """``name`` at its defaults, set up; fake CIFAR-10 cannot match torchvision's MD5s."""
     datamodule = ImageDataModule(dataset=name, batch_size=batch_size, **options,
                                  **({"root": str(root)} if name == "cifar10" else {}))
     with mock.patch("torchvision.datasets.cifar.check_integrity",
@@ -33,8 +32,7 @@ def data_module(name: str, batch_size: int, root: Path, **options) -> ImageDataM
 
 
 def training_data(plan: core.Plan, root: Path) -> ImageDataModule:
-    """What a's loops train from: synthetic data (CPU), or fake CIFAR-10 on the GPU. The
-    validation fifth holds one probe batch."""
+    """Synthetic data (CPU) or fake CIFAR-10 on the GPU; the validation fifth holds a probe."""
     probe, batch = plan.probe_size, plan.train.batch_size
     if plan.resident_data:
         write_fake_cifar(root, hundred=False, n=max(plan.cifar_per_batch, probe))
@@ -44,8 +42,7 @@ def training_data(plan: core.Plan, root: Path) -> ImageDataModule:
 
 
 def cases(plan: core.Plan, batches: int) -> dict[str, tuple[str, dict, bool]]:
-    """{row: (data set, options, default)} for every loader. GPU training reads the on-device
-    path, the only default there; the recipe rows are never defaults and may fail."""
+    """{row: (data set, options, default)}; the recipe rows are never defaults and may fail."""
     host = {"on_device": False}  # auto would move them onto a GPU
     synthetic = {"num_samples": int(plan.train.batch_size * (batches + 1) / 0.8) + 1}
     rows = {name: (name, {**host, **(synthetic if name == "synthetic" else {})},
@@ -67,7 +64,6 @@ def loader_side(loader, batches: int, device: torch.device) -> core.Side:
 
 
 def measure(bench: core.Bench) -> dict:
-    """Images/s of every train loader and of the bare step at its shape, in rounds."""
     plan, root = bench.plan, bench.root
     core.log("d: data loaders vs the training step at each data set's shape")
     batches = 3 if plan.quick else 20

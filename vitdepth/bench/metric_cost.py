@@ -1,6 +1,5 @@
-"""c. What the rank-collapse metrics cost apart from the probe's forward pass, against their own
-floor (the Gram matrices and eigenvalues the 1e-12 rule fixes), and how they grow with depth,
-tokens and batch (exponents fitted in log-log; scaling.png)."""
+"""c. What the rank-collapse metrics cost beyond the probe's forward, against their floor (the
+spectra the 1e-12 rule fixes), and how they grow with depth, tokens and batch (scaling.png)."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ class SpectrumMeter(LayerMeter):
 
 
 def metrics_workload(shape: core.StepShape, device: torch.device):
-    """The metric pass on one probe's stored layers, as a function of the meter type (default:
-    all metrics); the seeded model and random images it probed."""
+    """The metric pass on one probe's layers, given a meter type; the model and images probed."""
     torch.manual_seed(0)
     model = build_vit("full", **shape.model_kwargs()).to(device)
     images = core.random_batch(shape, device)[0]
@@ -88,7 +86,6 @@ def render(c: dict, plan: core.Plan) -> list[str]:
 
 
 def plot(scaling: dict | None, path: Path, title: str) -> None:
-    """scaling.png: measured seconds and the fit, one panel a factor (a note where c failed)."""
     import matplotlib
 
     matplotlib.use("Agg")

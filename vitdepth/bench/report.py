@@ -26,7 +26,6 @@ SHOWN = {"ERROR": "**ERROR**", "MISS": "**MISS**", "NOT JUDGED": "not judged (bu
 
 
 def sections(plan: core.Plan) -> list[core.Section]:
-    """The sections ``plan`` runs (f only with ``--device cuda``), in bench.md's order."""
     return [s for s in SECTIONS if s.runs(plan)]
 
 
@@ -35,14 +34,12 @@ def figures(plan: core.Plan) -> list[core.Figure]:
 
 
 def evaluate(results: dict, plan: core.Plan, busy: bool) -> dict[str, dict]:
-    """Every figure of the plan beside its target and verdict: bench.json's ``figures``."""
     return {figure.name: {**figure.judge(results.get(section.key), busy), "section": section.key}
             for section in sections(plan) for figure in section.figures}
 
 
 def measure(plan: core.Plan, root: Path) -> dict:
-    """Every section in order; one that raises is recorded in ``results["errors"]`` (and those
-    that need it are not run) while the rest still run."""
+    """Every section; one that raises is recorded in ``results["errors"]``, the rest still run."""
     random.seed(0)  # RandAugment draws its ops and magnitudes from Python's random
     np.random.seed(0)
     torch.manual_seed(0)
