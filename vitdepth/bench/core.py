@@ -31,14 +31,11 @@ Side = Callable[[], float]  # times one window per call and returns its seconds 
 
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
-    """A function that waits for the device's queued work (a no-op on CPU)."""
     return torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
 
 
 @dataclass(frozen=True)
 class Windows:
-    """``rounds`` windows of ``calls`` steps, each after ``warmup`` untimed ones."""
-
     warmup: int
     calls: int
     rounds: int
@@ -66,9 +63,7 @@ class Windows:
         return window
 
 
-def once(fn: Callable[[], object], device: torch.device | str) -> Side:
-    """A side of one call per window: a call long enough to time alone."""
-    return Windows(0, 1, 1).side(fn, device)
+ONCE = Windows(0, 1, 1)  # one call per window: a call long enough to time alone
 
 
 @dataclass
@@ -215,23 +210,20 @@ class BareLoop:
                                              weight_decay=WEIGHT_DECAY)
         self.precision, self.device = precision, device
 
-    def step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        with autocast(self.precision, self.device):
-            loss = F.cross_entropy(self.forward(images), labels, label_smoothing=LABEL_SMOOTHING)
-        loss.backward()
-        self.optimizer.step()
-
     def side(self, loader: Iterable, windows: Windows) -> Side:
         """One window of steps on ``loader``'s batches (fetch included) per call."""
         batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
 
-        def fetch_and_step() -> None:
-            images, labels = next(batches)
-            self.step(images.to(self.device, non_blocking=True),
-                      labels.to(self.device, non_blocking=True))
+        def step() -> None:
+            images, labels = (t.to(self.device, non_blocking=True) for t in next(batches))
+            self.optimizer.zero_grad(set_to_none=True)
+            with autocast(self.precision, self.device):
+                loss = F.cross_entropy(self.forward(images), labels,
+                                       label_smoothing=LABEL_SMOOTHING)
+            loss.backward()
+            self.optimizer.step()
 
-        return windows.side(fetch_and_step, self.device)
+        return windows.side(step, self.device)
 
 
 def step_side(shape: StepShape, plan: Plan) -> Side:
@@ -239,8 +231,7 @@ def step_side(shape: StepShape, plan: Plan) -> Side:
     device = torch.device(plan.device)
     torch.manual_seed(0)
     loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision)
-    images, labels = random_batch(shape, device)
-    return plan.windows.side(lambda: loop.step(images, labels), device)
+    return loop.side([random_batch(shape, device)], plan.windows)
 
 
 class Interleave(Callback):

@@ -59,7 +59,7 @@ def loader_side(loader, batches: int, device: torch.device) -> core.Side:
     def one_pass() -> None:
         sizes[:] = [len(x) for x, _ in itertools.islice(loader, batches)]
 
-    side = core.once(one_pass, device)
+    side = core.ONCE.side(one_pass, device)
     return lambda: side() / sum(sizes)
 
 

@@ -52,11 +52,11 @@ def measure(bench: core.Bench) -> dict:
     calls = {"forward": lambda: run_probe(model, images, lambda *_: None), "metrics": metrics,
              "spectrum": lambda: metrics(SpectrumMeter),
              "probe_metrics": lambda: probe_metrics(model, images)}
-    sides = {name: core.once(fn, device) for name, fn in calls.items()}
+    sides = {name: core.ONCE.side(fn, device) for name, fn in calls.items()}
     parts = core.interleave(sides, plan.metric_repeats, untimed=1)
 
     def seconds(shape: core.StepShape) -> float:
-        side = core.once(metrics_workload(shape, device)[0], device)
+        side = core.ONCE.side(metrics_workload(shape, device)[0], device)
         return core.interleave({"metrics": side}, plan.metric_repeats, untimed=1)["metrics"].median
 
     scaling, base = {"base": plan.sweep_base.label()}, plan.sweep_base
