@@ -4,7 +4,6 @@ spectra the 1e-12 rule fixes), and how they grow with depth, tokens and batch (s
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from vitdepth.bench import core
 from vitdepth.metrics import squared_singular_values
 from vitdepth.models import build_vit
 from vitdepth.probe import LayerMeter, eager, measure_layers, probe, probe_metrics, run_probe
+from vitdepth.report.plots import png_bytes
 from vitdepth.rundir import atomic_write_bytes
 
 PARTS = {"forward": "probe forward (hooks, attention maps; no metrics)",
@@ -86,14 +86,11 @@ def render(c: dict, plan: core.Plan) -> list[str]:
 
 
 def plot(scaling: dict | None, path: Path, title: str) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
-    for ax, factor in zip(axes, SWEEPS):
+    fig = Figure(figsize=(12, 3.8), layout="tight")
+    for ax, factor in zip(fig.subplots(1, 3), SWEEPS):
         if scaling is None:
             ax.axis("off")
             continue
@@ -103,7 +100,7 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
         ax.loglog(grid, s["prefactor"] * grid ** s["exponent"], "-",
                   label=f"fit: t = {s['prefactor']:.2g} x^{s['exponent']:.2f}")
         ax.set_xticks(xs, [f"{x:g}" for x in xs])  # measured points only: minor labels overlap
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set(xlabel=factor, ylabel="metric seconds",
                title=f"{factor}: exponent {s['exponent']:.2f}")
         ax.grid(True, which="both", alpha=0.3)
@@ -111,11 +108,7 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
     base = "not measured (section c failed; see bench.md)" if scaling is None else scaling["base"]
     fig.suptitle(f"Rank-collapse metric cost, one factor varied around {base}\n{title}",
                  fontsize=9)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_write_bytes(path, png_bytes(fig))
 
 
 SECTION = core.Section(
