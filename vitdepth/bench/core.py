@@ -97,8 +97,7 @@ def interleave(sides: dict[str, Side], rounds: int, untimed: int = 0) -> dict[st
 
 def paired(side: Timing, reference: Timing, op=operator.truediv) -> float:
     """Median over rounds of ``op(side's seconds, its reference's)``, timed beside it."""
-    pairs = zip(side.seconds, reference.seconds, strict=True)
-    return statistics.median(op(a, b) for a, b in pairs)
+    return statistics.median(op(a, b) for a, b in zip(side.seconds, reference.seconds, strict=True))
 
 
 @dataclass(frozen=True)
@@ -306,10 +305,8 @@ def compare_loops(plan: Plan, datamodule, root: str, callbacks: list = (),
 
 @dataclass
 class Bench:
-    """One run: the plan, a scratch folder, the results so far, and what later sections reuse."""
-
     plan: Plan
-    root: Path
+    root: Path  # a scratch folder
     results: dict = field(default_factory=lambda: {"errors": {}})
     data: object = None  # the data module a trains from
     loops: dict[str, Timing] | None = None  # a's rounds: lightning, bare, timm, matmul
@@ -360,7 +357,6 @@ class Section:
 
 
 def fmt(value) -> str:
-    """Floats to 3 significant digits (thousands grouped); None as a dash."""
     if value is None:
         return "—"
     if isinstance(value, float) and value != 0 and math.isfinite(value):
@@ -369,7 +365,6 @@ def fmt(value) -> str:
 
 
 def table(columns: list[str], rows: list[list]) -> list[str]:
-    """A markdown table of ``fmt``'s cells, and the blank line after it."""
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
             *("| " + " | ".join(map(fmt, row)) + " |" for row in rows), ""]
 
@@ -379,7 +374,6 @@ def part(text: str, columns: list[str] = (), rows: list[list] = ()) -> list[str]
 
 
 def spread_rows(labels: dict[str, str], timings: dict[str, dict], scale: float = 1) -> list[list]:
-    """A row per labelled timing: its median seconds times ``scale``, and its spread."""
     return [[label, scale * timings[key]["median_s"], f"{timings[key]['spread']:.0%}"]
             for key, label in labels.items()]
 
