@@ -1,8 +1,6 @@
 """Runs the sections (``training`` a, b, e, f; ``metric_cost`` c; ``loaders`` d) in one process
-and formats the results: bench.json (everything), bench.md (the figures beside their targets and
-verdicts, the machine, each section's part, the missed targets' causes) and scaling.png. A
-verdict needs an idle machine: where other processes kept more than ``BUSY_PER_CORE`` of each
-core busy at the start or the end, none is PASS or MISS."""
+and writes bench.json (everything), bench.md (the figures beside their targets and verdicts, the
+machine, each section's part, the missed targets' causes) and scaling.png."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from vitdepth.rundir import atomic_write_json, atomic_write_text
 SECTIONS = (training.SECTION, training.PROBE_SECTION, metric_cost.SECTION, loaders.SECTION,
             training.FLOP_SECTION, training.GPU_SECTION)
 MEASURED = "abefcd"  # a's fit first (b, e and f reuse it), then the metric cost and the loaders
-BUSY_PER_CORE = 0.5
+BUSY_PER_CORE = 0.5  # other processes' share of each core, at the start or end, that voids verdicts
 GLIBC_ADVICE = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296"
 SHOWN = {"ERROR": "**ERROR**", "MISS": "**MISS**", "NOT JUDGED": "not judged (busy)"}
 
@@ -45,18 +43,16 @@ def measure(plan: core.Plan, root: Path) -> dict:
     torch.manual_seed(0)
     bench = core.Bench(plan, root)
     errors = bench.results["errors"]
-    steps = [(s.key, s.measure, s.needs)
-             for s in sorted(sections(plan), key=lambda s: MEASURED.index(s.key))]
-    for key, run, needs in steps:
-        failed = [k for k in needs if k in errors]
+    for section in sorted(sections(plan), key=lambda s: MEASURED.index(s.key)):
+        failed = [k for k in section.needs if k in errors]
         if failed:
-            errors[key] = f"not run: it needs section {failed[0]}, which failed"
+            errors[section.key] = f"not run: it needs section {failed[0]}, which failed"
             continue
         try:
-            bench.results[key] = run(bench)
+            bench.results[section.key] = section.measure(bench)
         except Exception as error:  # noqa: BLE001 - recorded and reported; the exit status is 1
-            errors[key] = message = f"{type(error).__name__}: {error}"
-            core.log(f"{key} failed: {message}\n{traceback.format_exc()}")
+            errors[section.key] = message = f"{type(error).__name__}: {error}"
+            core.log(f"{section.key} failed: {message}\n{traceback.format_exc()}")
     return bench.results
 
 
@@ -123,8 +119,6 @@ def markdown(figs: dict, results: dict, plan: core.Plan, meta: dict) -> list[str
 
 
 def misses(figs: dict, plan: core.Plan) -> list[str]:
-    """Each figure that misses its target, with its known cause."""
-    causes = {figure.name: figure.cause for figure in figures(plan)}
-    missed = [f"- `{name}` = {core.fmt(f['value'])} (target {target(f)}): {causes[name]}"
-              for name, f in figs.items() if f["met"] is False]
+    missed = [f"- `{fig.name}` = {core.fmt(f['value'])} (target {target(f)}): {fig.cause}"
+              for fig in figures(plan) if (f := figs[fig.name])["met"] is False]
     return ["## Missed targets", "", *(missed or ["None."]), ""]
