@@ -1,8 +1,5 @@
 """The sections of one Lightning fit, which carries b's probes and times e's matmul peak beside
-its windows. a. Lightning against the bare loop, our ``full`` block against timm's, and, at a tiny
-shape (a CPU step of a few ms, as on a GPU), what a step of ``vitdepth fit``'s stack adds to its
-bare loop against what a trivial LightningModule adds. b. The seconds training stops per probe.
-e. The step's FLOP rate over the matmul's; f (``--device cuda``): MFU, eager and compiled."""
+its windows: a (the loops, per-step overhead), b (probes), e (FLOP rate), f (``--device cuda``)."""
 
 from __future__ import annotations
 
@@ -36,9 +33,8 @@ class OneLinear(LightningModule):
 
     def __init__(self, shape: core.StepShape) -> None:
         super().__init__()
-        pixels = shape.in_chans * shape.img_size ** 2
-        self.model = torch.nn.Sequential(torch.nn.Flatten(),
-                                         torch.nn.Linear(pixels, shape.num_classes))
+        linear = torch.nn.Linear(shape.in_chans * shape.img_size ** 2, shape.num_classes)
+        self.model = torch.nn.Sequential(torch.nn.Flatten(), linear)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, labels = batch
@@ -89,8 +85,7 @@ def measure(bench: core.Bench) -> dict:
         cli.datamodule.setup("fit")
         fits = {"stack": core.timed_fit(plan, cli.trainer, cli.model, cli.datamodule, windows)}
     trainer = core.lightning_trainer(plan, windows.steps, [], f"{root}/overhead")
-    floor_module = OneLinear(plan.overhead)
-    fits["floor"] = core.timed_fit(plan, trainer, floor_module, cli.datamodule, windows)
+    fits["floor"] = core.timed_fit(plan, trainer, OneLinear(plan.overhead), cli.datamodule, windows)
     overhead, floor = (1e3 * core.paired(fits[k]["lightning"], fits[k]["bare"], operator.sub)
                        for k in ("stack", "floor"))
     return {"shape": plan.train.label(), "precision": plan.precision,
