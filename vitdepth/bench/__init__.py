@@ -41,10 +41,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def busy_cores(seconds: float = 0.5) -> float:
     """Cores kept busy by other processes while this one sleeps, from /proc/stat (the load
     average would count the benchmark's own threads); elsewhere the load average."""
-    def ticks() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-        return sum(fields) - fields[3] - fields[4], sum(fields)  # busy (all but idle, iowait)
+    def ticks() -> tuple[int, int]:  # busy (all but idle and iowait), total: all CPUs' first line
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return sum(fields) - fields[3] - fields[4], sum(fields)
 
     try:
         busy, total = ticks()
