@@ -65,7 +65,6 @@ def loader_side(loader, batches: int, device: torch.device) -> core.Side:
 
 def measure(bench: core.Bench) -> dict:
     plan, root = bench.plan, bench.root
-    core.log("d: data loaders vs the training step at each data set's shape")
     batches = 3 if plan.quick else 20
     write_fake_cifar(root, hundred=False, n=plan.cifar_per_batch)
     sides, rows, shapes = {}, {}, {}

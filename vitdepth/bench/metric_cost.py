@@ -47,7 +47,6 @@ def metrics_workload(shape: core.StepShape, device: torch.device):
 
 def measure(bench: core.Bench) -> dict:
     plan, device = bench.plan, torch.device(bench.plan.device)
-    core.log(f"c: metric cost at {plan.metrics.label()}, and its scaling")
     metrics, model, images = metrics_workload(plan.metrics, device)
     calls = {"forward": lambda: run_probe(model, images, lambda *_: None), "metrics": metrics,
              "spectrum": lambda: metrics(SpectrumMeter),

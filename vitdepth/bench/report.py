@@ -48,6 +48,7 @@ def measure(plan: core.Plan, root: Path) -> dict:
         if failed:
             errors[section.key] = f"not run: it needs section {failed[0]}, which failed"
             continue
+        core.log(f"{section.key}: {section.title}")
         try:
             bench.results[section.key] = section.measure(bench)
         except Exception as error:  # noqa: BLE001 - recorded and reported; the exit status is 1

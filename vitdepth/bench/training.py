@@ -74,8 +74,6 @@ def full_stack(plan: core.Plan, steps: int, root: str) -> Iterator:
 def measure(bench: core.Bench) -> dict:
     plan, root = bench.plan, str(bench.root)
     bench.data = loaders.training_data(plan, bench.root)
-    core.log(f"a/b/e: Lightning vs bare loop vs timm vs matmul, {plan.windows.rounds} rounds "
-             f"({plan.train.label()})")
     probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size))
     bench.loops = t = core.compare_loops(plan, bench.data, root, [probes, probes.callback])
     bench.probes = probes.results()
@@ -167,7 +165,6 @@ def probe_fit(plan: core.Plan, root: Path) -> dict[str, list[float]]:
 
 def measure_probe(bench: core.Bench) -> dict:
     plan, blocking = bench.plan, bench.probes["blocking_s"]
-    core.log(f"b: probes at {plan.metrics.label()}")
     at_c = probe_fit(plan, bench.root / "probe")
     epoch_s = plan.epoch_images // plan.train.batch_size * bench.loops["lightning"].median
     return {"probe_seconds": blocking, "probe_metrics_seconds": bench.probes["metrics_s"],
@@ -209,7 +206,6 @@ def measure_flops(bench: core.Bench) -> dict:
     """FLOPs of one step, on a copy with explicit attention: the counter has no formula for CPU's
     fused SDPA."""
     plan, device = bench.plan, torch.device(bench.plan.device)
-    core.log("e: FLOPs per step, against the matmul peak timed in a's rounds")
     model = core.classifier(plan.train).model.to(device).train()
     for block in model.blocks:
         block.attn.fused_attn = False
@@ -229,7 +225,6 @@ def measure_flops(bench: core.Bench) -> dict:
 
 def measure_gpu(bench: core.Bench) -> dict:
     plan, e = bench.plan, bench.results["e"]
-    core.log(f"f: {plan.precision} with torch.compile (the first steps compile)")
     compiled = core.compare_loops(plan, bench.data, str(bench.root), compile=True)
     fraction = fractions(e["flops_per_step"], compiled, plan)
     return {"gpu": torch.cuda.get_device_name(0), "precision": plan.precision,
