@@ -31,11 +31,6 @@ def figures(plan: core.Plan) -> list[core.Figure]:
     return [figure for section in sections(plan) for figure in section.figures]
 
 
-def evaluate(results: dict, plan: core.Plan, busy: bool) -> dict[str, dict]:
-    return {figure.name: {**figure.judge(results.get(section.key), busy), "section": section.key}
-            for section in sections(plan) for figure in section.figures}
-
-
 def measure(plan: core.Plan, root: Path) -> dict:
     """Every section; one that raises is recorded in ``results["errors"]``, the rest still run."""
     random.seed(0)  # RandAugment draws its ops and magnitudes from Python's random
@@ -61,7 +56,8 @@ def write_report(out: Path, results: dict, plan: core.Plan, meta: dict) -> list[
     out.mkdir(parents=True, exist_ok=True)
     others = max(meta["busy_cores_start"], meta["busy_cores_end"])
     meta = {**meta, "busy": others > BUSY_PER_CORE * meta["hardware"]["cpu_count"]}
-    figs = evaluate(results, plan, meta["busy"])
+    figs = {figure.name: {**figure.judge(results.get(s.key), meta["busy"]), "section": s.key}
+            for s in sections(plan) for figure in s.figures}
     document = {**meta, "plan": dataclasses.asdict(plan), "figures": figs, "results": results}
     paths = [out / "bench.json", out / "bench.md", out / "scaling.png"]
     atomic_write_json(paths[0], document)
