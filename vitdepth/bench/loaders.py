@@ -9,8 +9,6 @@ import os
 from pathlib import Path
 from unittest import mock
 
-import torch
-
 from vitdepth.bench import core
 from vitdepth.data import ImageDataModule
 from vitdepth.data.datasets import write_fake_cifar
@@ -52,7 +50,7 @@ def cases(plan: core.Plan, batches: int) -> dict[str, tuple[str, dict, bool]]:
             f"{ON_DEVICE} ({RECIPE})": ("cifar10", {**RECIPE_AUGMENT, "on_device": True}, False)}
 
 
-def loader_side(loader, batches: int, device: torch.device) -> core.Side:
+def loader_side(loader, batches: int, device: str) -> core.Side:
     """Seconds per image over the first ``batches`` batches of a fresh pass, per call."""
     sizes = []
 
@@ -74,8 +72,7 @@ def measure(bench: core.Bench) -> dict:
         rows[label] = {"default": default, "step_shape": shape.label()}
         try:  # the untimed first pass: a loader that fails is reported in its row
             loader = data_module(name, plan.train.batch_size, root, **options).train_dataloader()
-            device = torch.device(plan.device if options.get("on_device") else "cpu")
-            side = loader_side(loader, batches, device)
+            side = loader_side(loader, batches, plan.device if options.get("on_device") else "cpu")
             side()
         except Exception as error:  # noqa: BLE001 - reported in its row; the others still run
             rows[label]["error"] = f"{type(error).__name__}: {error}"
