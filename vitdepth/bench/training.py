@@ -10,7 +10,6 @@ import os
 import statistics
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from unittest import mock
 
 import torch
@@ -150,9 +149,10 @@ class ProbeClock(Callback):
                 "metrics_s": [t.metrics_s for t in self.during_training]}
 
 
-def probe_fit(plan: core.Plan, root: Path) -> dict[str, list[float]]:
-    """The probes of a fit at ``plan.metrics`` (probe images = its batch): at init, then two
-    more while it trains, each once the previous one is done."""
+def measure_probe(bench: core.Bench) -> dict:
+    plan, blocking, root = bench.plan, bench.probes["blocking_s"], bench.root / "probe"
+    # a fit at c's shape (probe images = its batch) that probes at init, then twice while it
+    # trains, each once the previous probe is done
     shape = plan.metrics
     train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
     data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
@@ -160,12 +160,7 @@ def probe_fit(plan: core.Plan, root: Path) -> dict[str, list[float]]:
     clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size), 3)
     trainer = core.lightning_trainer(plan, 1000, [clock, clock.callback], str(root))
     trainer.fit(core.classifier(train), datamodule=data)
-    return clock.results()
-
-
-def measure_probe(bench: core.Bench) -> dict:
-    plan, blocking = bench.plan, bench.probes["blocking_s"]
-    at_c = probe_fit(plan, bench.root / "probe")
+    at_c = clock.results()
     epoch_s = plan.epoch_images // plan.train.batch_size * bench.loops["lightning"].median
     return {"probe_seconds": blocking, "probe_metrics_seconds": bench.probes["metrics_s"],
             "epoch_s_scaled": epoch_s, "callback_overhead": statistics.median(blocking) / epoch_s,
