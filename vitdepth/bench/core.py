@@ -197,40 +197,33 @@ def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, 
     return images, torch.randint(0, shape.num_classes, (shape.batch_size,), device=device)
 
 
-class BareLoop:
+def bare_loop(model: torch.nn.Module, loader: Iterable, windows: Windows, plan: Plan,
+              compile: bool = False) -> Side:
     """What Lightning automates, written out, on a copy of ``model``: zero_grad, forward under the
-    same autocast, label-smoothed cross-entropy, backward, ``ViTClassifier``'s AdamW step."""
+    same autocast, label-smoothed cross-entropy, backward, ``ViTClassifier``'s AdamW step; a
+    window of steps on ``loader``'s batches (fetch included) per call."""
+    device = torch.device(plan.device)
+    model = copy.deepcopy(model).to(device).train()
+    forward = torch.compile(model) if compile else model
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=LR, weight_decay=WEIGHT_DECAY)
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, precision: str,
-                 compile: bool = False) -> None:
-        self.model = copy.deepcopy(model).to(device).train()
-        self.forward = torch.compile(self.model) if compile else self.model
-        self.optimizer = create_optimizer_v2(self.model, opt="adamw", lr=LR,
-                                             weight_decay=WEIGHT_DECAY)
-        self.precision, self.device = precision, device
+    def step() -> None:
+        images, labels = (t.to(device, non_blocking=True) for t in next(batches))
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(plan.precision, device):
+            loss = F.cross_entropy(forward(images), labels, label_smoothing=LABEL_SMOOTHING)
+        loss.backward()
+        optimizer.step()
 
-    def side(self, loader: Iterable, windows: Windows) -> Side:
-        """One window of steps on ``loader``'s batches (fetch included) per call."""
-        batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
-
-        def step() -> None:
-            images, labels = (t.to(self.device, non_blocking=True) for t in next(batches))
-            self.optimizer.zero_grad(set_to_none=True)
-            with autocast(self.precision, self.device):
-                loss = F.cross_entropy(self.forward(images), labels,
-                                       label_smoothing=LABEL_SMOOTHING)
-            loss.backward()
-            self.optimizer.step()
-
-        return windows.side(step, self.device)
+    return windows.side(step, device)
 
 
 def step_side(shape: StepShape, plan: Plan) -> Side:
     """A window of bare training steps on one fixed random batch of ``shape`` per call."""
-    device = torch.device(plan.device)
     torch.manual_seed(0)
-    loop = BareLoop(build_vit("full", **shape.model_kwargs()), device, plan.precision)
-    return loop.side([random_batch(shape, device)], plan.windows)
+    model = build_vit("full", **shape.model_kwargs())
+    return bare_loop(model, [random_batch(shape, torch.device(plan.device))], plan.windows, plan)
 
 
 class Interleave(Callback):
@@ -276,11 +269,10 @@ def timed_fit(plan: Plan, trainer: Trainer, module, datamodule, windows: Windows
               models: dict | None = None, compile: bool = False, **others: Side) -> dict:
     """``trainer.fit(module)`` with a bare loop of each of ``models`` (default: the module's own
     model) on the same data, then ``others``, timed between its windows: every a-side fit."""
-    device = torch.device(plan.device)
     loader = datamodule.train_dataloader()
-    bare = {name: BareLoop(model, device, plan.precision, compile).side(loader, windows)
+    bare = {name: bare_loop(model, loader, windows, plan, compile)
             for name, model in (models or {"bare": module.model}).items()}
-    clock = Interleave(bare | others, windows, device)
+    clock = Interleave(bare | others, windows, plan.device)
     trainer.callbacks.append(clock)
     trainer.fit(module, datamodule=datamodule)
     return clock.timings
