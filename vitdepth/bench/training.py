@@ -40,8 +40,7 @@ class OneLinear(LightningModule):
         return F.cross_entropy(self.model(images), labels, label_smoothing=core.LABEL_SMOOTHING)
 
     def configure_optimizers(self):
-        return create_optimizer_v2(self.model, opt="adamw", lr=core.LR,
-                                   weight_decay=core.WEIGHT_DECAY)
+        return create_optimizer_v2(self.model, "adamw", lr=core.LR, weight_decay=core.WEIGHT_DECAY)
 
 
 @contextlib.contextmanager
