@@ -101,9 +101,7 @@ def paired(side: Timing, reference: Timing, op=operator.truediv) -> float:
 
 
 @dataclass(frozen=True)
-class StepShape:
-    """A ``full`` ViT and its batch: what one training step computes."""
-
+class StepShape:  # a ``full`` ViT and its batch: what one training step computes
     embed_dim: int
     depth: int
     num_heads: int
@@ -220,7 +218,6 @@ def bare_loop(model: torch.nn.Module, loader: Iterable, windows: Windows, plan: 
 
 
 def step_side(shape: StepShape, plan: Plan) -> Side:
-    """A window of bare training steps on one fixed random batch of ``shape`` per call."""
     torch.manual_seed(0)
     model = build_vit("full", **shape.model_kwargs())
     return bare_loop(model, [random_batch(shape, torch.device(plan.device))], plan.windows, plan)
