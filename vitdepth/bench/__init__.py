@@ -111,5 +111,4 @@ def run(args: argparse.Namespace) -> int:
     log(f"wrote {', '.join(str(p) for p in paths)} ({meta['wall_s']:.0f} s)")
     if results["errors"]:
         log(f"sections that failed: {', '.join(results['errors'])} (see bench.md)")
-        return 1
-    return 0
+    return 1 if results["errors"] else 0
