@@ -200,12 +200,23 @@ def column_cosine(p, q):
     return ((p * q).sum(-2) / ((p * p).sum(-2) * (q * q).sum(-2)).sqrt()).mean((-1, -2))
 
 
+@pytest.fixture
+def torch_threads():
+    """``torch.set_num_threads`` for one test, then the count before."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 3])  # one chunk of images, or 14, 14 and 12 in threads
 @pytest.mark.parametrize("collapsed", [False, True])
-def test_the_probes_fused_metrics_equal_each_metric_by_its_definition(collapsed):
+def test_the_probes_fused_metrics_equal_each_metric_by_its_definition(collapsed, threads,
+                                                                       torch_threads):
     from vitdepth.probe import LayerMeter
 
+    torch_threads(threads)
     g = torch.Generator().manual_seed(0)
-    b, n, c, heads = 40, 17, 24, 2  # two chunks of images (vitdepth.probe.CHUNK_IMAGES = 32)
+    b, n, c, heads = 40, 17, 24, 2
     layers = [torch.randn(b, n, c, generator=g) for _ in range(4)]
     if collapsed:  # rank one plus 1e-6 noise, then exactly rank one: the ill-conditioned cases
         v = torch.randn(b, 1, c, generator=g)

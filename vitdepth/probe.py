@@ -169,9 +169,6 @@ def probe(model: nn.Module, images: Tensor,
     return ProbeResult(tokens, maps, keep(logits))
 
 
-CHUNK_IMAGES = 32  # per thread; the passes over float64 elements go in smaller pieces (in_pieces)
-
-
 class LayerMeter:
     """A ``LayerVisitor`` that computes every per-layer metric as the probe streams layers past it.
 
@@ -186,23 +183,24 @@ class LayerMeter:
         self.previous: dict[int, tuple[Tensor, Tensor]] = {}
 
     def __call__(self, layer: int, x: Tensor, attn: Tensor | None) -> None:
-        """Every metric is per image, so on the CPU images are measured in chunks of
-        ``CHUNK_IMAGES``, one chunk per thread with one torch thread each, so no operation pays
-        to fork and join threads; within a chunk, the memory-bound passes run in pieces that stay
-        in the core's L2 cache (``vitdepth.metrics.in_pieces``). The operations and values are
+        """Every metric is per image, so on the CPU the images are split into one chunk per
+        torch thread, each measured in a Python thread with one torch thread, so no operation
+        pays to fork and join threads, and each pays its Python call once per thread, not once
+        per smaller chunk; within a chunk, the memory-bound passes run in pieces that stay in
+        the core's L2 cache (``vitdepth.metrics.in_pieces``). The operations and values are
         those of one whole-batch pass: the results are bit-identical. A GPU measures each layer
         whole.
         """
         on_cpu = x.device.type == "cpu"
-        size = CHUNK_IMAGES if on_cpu else len(x)
+        threads = torch.get_num_threads()
+        size = -(-len(x) // threads) if on_cpu else len(x)
         starts = range(0, len(x), size)
 
         def measure(start: int) -> dict[str, Tensor]:
             end = start + size
             return self._chunk(start, x[start:end], None if attn is None else attn[start:end])
 
-        threads = torch.get_num_threads()
-        if not on_cpu or threads < 2:
+        if len(starts) < 2:
             chunks = [measure(start) for start in starts]
         else:
             torch.set_num_threads(1)

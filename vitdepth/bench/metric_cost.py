@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from vitdepth.bench import core
-from vitdepth.metrics import squared_singular_values
+from vitdepth.metrics import gram_spectrum, squared_singular_values, token_grams
 from vitdepth.models import build_vit
 from vitdepth.probe import LayerMeter, eager, measure_layers, probe, probe_metrics, run_probe
 from vitdepth.report.plots import png_bytes
@@ -28,11 +28,13 @@ SWEEPS = {"depth": ("depth", "sweep_depths"), "tokens": ("img_size", "sweep_img_
 
 class SpectrumMeter(LayerMeter):
     """Only what tests/test_metrics.py pins to its operations: each layer's float64 Gram matrix
-    (the smaller side) and its eigenvalues, in ``LayerMeter``'s chunks and threads. No other
-    summation order or solver keeps a collapsed X's ranks to 1e-12: the metrics' floor."""
+    (the smaller side) and its eigenvalues, in ``LayerMeter``'s chunks, threads and pieces. No
+    other summation order or solver keeps a collapsed X's ranks to 1e-12: the metrics' floor."""
 
     def _chunk(self, start: int, x: torch.Tensor, attn: torch.Tensor | None) -> dict:
-        return {"sigma2": squared_singular_values(x.detach().to(torch.float64))}
+        if x.shape[-2] > x.shape[-1]:
+            return {"sigma2": squared_singular_values(x.detach().to(torch.float64))}
+        return {"sigma2": gram_spectrum(token_grams(x.detach(), lambda x: ())[0])}
 
 
 def metrics_workload(shape: core.StepShape, device: torch.device):

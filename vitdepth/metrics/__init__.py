@@ -14,6 +14,7 @@ from vitdepth.metrics.rank import (
     in_pieces,
     l1_norm,
     linf_norm,
+    norms_of_sums,
     rel_residual,
     residual_norms,
     residual_ratio,
@@ -22,6 +23,7 @@ from vitdepth.metrics.rank import (
     stable_rank_of_spectrum,
     token_cosine,
     token_cosine_of_gram,
+    token_grams,
     token_residual,
 )
 from vitdepth.rundir import NORMAL_FLOOR
@@ -45,6 +47,7 @@ __all__ = [
     "stable_rank_of_spectrum",
     "token_cosine",
     "token_cosine_of_gram",
+    "token_grams",
     "token_residual",
 ]
 
@@ -70,19 +73,20 @@ def layer_metrics(tokens: Tensor, attn: Tensor | None, num_prefix_tokens: int) -
     nan = torch.full((tokens.shape[0],), float("nan"), dtype=torch.float64, device=tokens.device)
     floor = NORMAL_FLOOR.get(str(tokens.dtype).removeprefix("torch."), 0.0)
     with torch.autocast(tokens.device.type, enabled=False):
-        x = tokens.detach().to(torch.float64)  # the metrics' own casts are then no-ops
         if n <= c:
-            gram = x @ x.transpose(-1, -2)  # (B,N,N)
+            gram, sums = token_grams(tokens.detach())  # (B,N,N) and the residual's sums
+            res_composite, res_fro, x_composite = norms_of_sums(*sums)
             # the cosines first, while the Gram matrices are still in cache
             cosine = token_cosine_of_gram(gram[:, num_prefix_tokens:, num_prefix_tokens:])
             s2 = gram_spectrum(gram)
             squared_norms = gram.diagonal(dim1=-2, dim2=-1)  # no pass over X for its norms
         else:
+            x = tokens.detach().to(torch.float64)  # the metrics' own casts are then no-ops
             s2, cosine = squared_singular_values(x), token_cosine(x[:, num_prefix_tokens:])
             squared_norms = x.square().sum(-1)
+            res_composite, res_fro, x_composite = residual_norms(x)
         norm = squared_norms.sqrt().mean(-1)
         vanished = norm < floor
-        res_composite, res_fro, x_composite = residual_norms(x)
         scale_free = {
             "rel_residual": res_composite / x_composite,
             "rel_residual_fro": res_fro / squared_norms.sum(-1).sqrt(),

@@ -51,7 +51,12 @@ def composite_of_sums(column_sums: Tensor, row_sums: Tensor) -> Tensor:
 def residual_norms(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``composite_norm`` of ``token_residual(x)``, its Frobenius norm and ``composite_norm(x)``,
     (B,) each, from ``abs_sums`` of x in pieces: only the per-image sums leave the L2 cache."""
-    res_col, res_row, fro, x_col, x_row = in_pieces(abs_sums, x)
+    return norms_of_sums(*in_pieces(abs_sums, x))
+
+
+def norms_of_sums(res_col: Tensor, res_row: Tensor, fro: Tensor, x_col: Tensor,
+                  x_row: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``residual_norms`` from ``abs_sums``."""
     return composite_of_sums(res_col, res_row), fro, composite_of_sums(x_col, x_row)
 
 
@@ -65,6 +70,23 @@ def abs_sums(x: Tensor) -> tuple[Tensor, ...]:
     fro = torch.linalg.vector_norm(res, dim=(-2, -1))
     res.abs_()
     return res.sum(-2), res.sum(-1), fro, x_col, x_row
+
+
+def token_grams(tokens: Tensor, per_piece: Callable[[Tensor], tuple[Tensor, ...]] = abs_sums
+                ) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """The float64 token Gram matrices X Xᵀ (B, N, N) of ``tokens`` (B, N, C), N <= C, and
+    ``per_piece`` (by default the residual's ``abs_sums``) of the float64 tokens. On the CPU each
+    piece of images is cast to float64 where it is used (``in_pieces``), so float64 tokens never
+    go to memory and back: the Gram product and ``per_piece`` read them from the L2 cache."""
+    gram = tokens.new_empty(*tokens.shape[:-1], tokens.shape[-2], dtype=torch.float64)
+    return gram, in_pieces(lambda x, into: per_piece(gram_into(x, into)), tokens, gram)
+
+
+def gram_into(tokens: Tensor, gram: Tensor) -> Tensor:
+    """``tokens`` in float64, their Gram matrices X Xᵀ written into ``gram``."""
+    x = tokens.to(torch.float64)
+    torch.matmul(x, x.transpose(-1, -2), out=gram)
+    return x
 
 
 PIECE_IMAGES = 4  # 4 x 65 x 192 float64 tokens (0.4 MB): a piece and its temporaries fit in L2
