@@ -39,8 +39,7 @@ def measure(plan: core.Plan, root: Path) -> dict:
     bench = core.Bench(plan, root)
     errors = bench.results["errors"]
     for section in sorted(sections(plan), key=lambda s: MEASURED.index(s.key)):
-        failed = [k for k in section.needs if k in errors]
-        if failed:
+        if failed := [k for k in section.needs if k in errors]:
             errors[section.key] = f"not run: it needs section {failed[0]}, which failed"
             continue
         core.log(f"{section.key}: {section.title}")
@@ -112,10 +111,6 @@ def markdown(figs: dict, results: dict, plan: core.Plan, meta: dict) -> list[str
             lines += section.render(results[section.key], plan)
         else:
             lines += [f"**ERROR**: `{results['errors'].get(section.key, 'not measured')}`", ""]
-    return lines + misses(figs, plan)
-
-
-def misses(figs: dict, plan: core.Plan) -> list[str]:
     missed = [f"- `{fig.name}` = {core.fmt(f['value'])} (target {target(f)}): {fig.cause}"
               for fig in figures(plan) if (f := figs[fig.name])["met"] is False]
-    return ["## Missed targets", "", *(missed or ["None."]), ""]
+    return [*lines, "## Missed targets", "", *(missed or ["None."]), ""]
