@@ -74,7 +74,7 @@ def measure(bench: core.Bench) -> dict:
     bench.data = loaders.training_data(plan, bench.root)
     probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size))
     bench.loops = t = core.compare_loops(plan, bench.data, root, [probes, probes.callback])
-    bench.probes = probes.results()
+    bench.probes = probes.results
     core.log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
     windows = plan.overhead_windows
     with full_stack(plan, windows.steps, f"{root}/overhead/runs") as cli:
@@ -123,11 +123,12 @@ SECTION = core.Section(
 
 class ProbeClock(Callback):
     """The probes a fit makes while it trains (the last, at ``on_train_end``, has no training to
-    overlap). With ``probes``, it makes each next probe once the previous one's metrics are done,
-    as an epoch between them would, then stops the fit. Listed before its callback."""
+    overlap): ``results``, each one's seconds of stopped training and of its metrics. With
+    ``probes``, it makes each next probe once the previous one's metrics are done, as an epoch
+    between them would, then stops the fit. Listed before its callback."""
 
     def __init__(self, callback: RankCollapseCallback, probes: int | None = None) -> None:
-        self.callback, self.probes, self.during_training = callback, probes, []
+        self.callback, self.probes, self.results = callback, probes, {}
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         timings = self.callback.timings
@@ -140,12 +141,8 @@ class ProbeClock(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.callback.flush()
-        self.during_training = list(self.callback.timings)
-
-    def results(self) -> dict[str, list[float]]:
-        """Per probe: seconds the training thread spent on it, and seconds of its metrics."""
-        return {"blocking_s": [t.stopped_s for t in self.during_training],
-                "metrics_s": [t.metrics_s for t in self.during_training]}
+        self.results = {"blocking_s": [t.stopped_s for t in self.callback.timings],
+                        "metrics_s": [t.metrics_s for t in self.callback.timings]}
 
 
 def measure_probe(bench: core.Bench) -> dict:
@@ -159,7 +156,7 @@ def measure_probe(bench: core.Bench) -> dict:
     clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size), 3)
     trainer = core.lightning_trainer(plan, 1000, [clock, clock.callback], str(root))
     trainer.fit(core.classifier(train), datamodule=data)
-    at_c = clock.results()
+    at_c = clock.results
     epoch_s = plan.epoch_images // plan.train.batch_size * bench.loops["lightning"].median
     return {"probe_seconds": blocking, "probe_metrics_seconds": bench.probes["metrics_s"],
             "epoch_s_scaled": epoch_s, "callback_overhead": statistics.median(blocking) / epoch_s,
