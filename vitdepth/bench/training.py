@@ -226,15 +226,6 @@ def measure_gpu(bench: core.Bench) -> dict:
             "mfu_bf16_compile": fraction["lightning"], "mfu_bf16_compile_bare": fraction["bare"]}
 
 
-def render_gpu(f: dict, plan: core.Plan) -> list[str]:
-    rows = [[label, f"{f[f'mfu_bf16_eager{k}']:.3f}", f"{f[f'mfu_bf16_compile{k}']:.3f}",
-             f["compiled_images_per_s"][name]]
-            for label, k, name in (("ours (Lightning)", "", "lightning"),
-                                   ("bare loop", "_bare", "bare"))]
-    return core.part(f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
-                     ["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)
-
-
 FLOP_SECTION = core.Section(
     "e", "FLOP rate of the training step", measure=measure_flops, needs=("a",),
     render=lambda e, plan: core.part(
@@ -248,8 +239,13 @@ FLOP_SECTION = core.Section(
     ))
 
 GPU_SECTION = core.Section(
-    "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, render=render_gpu,
-    needs=("a", "e"), runs=lambda plan: plan.device == "cuda",
+    "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, needs=("a", "e"),
+    runs=lambda plan: plan.device == "cuda", render=lambda f, plan: core.part(
+        f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
+        ["loop", "eager MFU", "compiled MFU", "compiled images/s"],
+        [[label, f"{f[f'mfu_bf16_eager{k}']:.3f}", f"{f[f'mfu_bf16_compile{k}']:.3f}",
+          f["compiled_images_per_s"][name]] for label, k, name in
+         (("ours (Lightning)", "", "lightning"), ("bare loop", "_bare", "bare"))]),
     not_run="Not run: this was a CPU benchmark. `vitdepth bench --device cuda` measures MFU at "
     "bf16-mixed, eager and compiled, at ViT-S/4, batch 1024 (results/bench/h200: an H200).",
     figures=(
