@@ -91,8 +91,7 @@ def measure(bench: core.Bench) -> dict:
             "block_over_timm": core.paired(t["timm"], t["bare"]),
             "overhead_shape": plan.overhead.label(), "step_overhead_ms": overhead,
             "overhead_timings": {f"{fit}_{side}": t.as_dict() for fit, sides in fits.items()
-                                 for side, t in sides.items()},
-            "lightning_floor_ms": floor,
+                                 for side, t in sides.items()}, "lightning_floor_ms": floor,
             "step_overhead_over_floor": overhead / floor if floor > 0 else None}
 
 
@@ -147,8 +146,6 @@ class ProbeClock(Callback):
 
 def measure_probe(bench: core.Bench) -> dict:
     plan, blocking, root = bench.plan, bench.probes["blocking_s"], bench.root / "probe"
-    # a fit at c's shape (probe images = its batch) that probes at init, then twice while it
-    # trains, each once the previous probe is done
     shape = plan.metrics
     train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
     data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
@@ -188,17 +185,14 @@ PROBE_SECTION = core.Section(
 
 def fractions(flops: int, timings: dict[str, core.Timing], plan: core.Plan) -> dict[str, float]:
     """Each loop's FLOP rate over the matmul's, paired round by round."""
-    per_matmul = 2 * plan.matmul_n ** 3
-    return {name: flops / per_matmul * core.paired(timings["matmul"], timings[name])
+    return {name: flops / (2 * plan.matmul_n ** 3) * core.paired(timings["matmul"], timings[name])
             for name in ("lightning", "bare")}
 
 
 def measure_flops(bench: core.Bench) -> dict:
-    """FLOPs of one step, on a copy with explicit attention: the counter has no formula for CPU's
-    fused SDPA."""
     plan, device = bench.plan, torch.device(bench.plan.device)
     model = core.classifier(plan.train).model.to(device).train()
-    for block in model.blocks:
+    for block in model.blocks:  # explicit attention: no FLOP formula for CPU's fused SDPA
         block.attn.fused_attn = False
     images, labels = core.random_batch(plan.train, device)
     with FlopCounterMode(display=False) as counter:
