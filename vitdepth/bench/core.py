@@ -197,9 +197,8 @@ def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, 
 
 def bare_loop(model: torch.nn.Module, loader: Iterable, windows: Windows, plan: Plan,
               compile: bool = False) -> Side:
-    """What Lightning automates, written out, on a copy of ``model``: zero_grad, forward under the
-    same autocast, label-smoothed cross-entropy, backward, ``ViTClassifier``'s AdamW step; a
-    window of steps on ``loader``'s batches (fetch included) per call."""
+    """What Lightning automates, written out, on a copy of ``model`` (``ViTClassifier``'s AdamW,
+    Lightning's autocast); a window of steps on ``loader``'s batches (fetch included) per call."""
     device = torch.device(plan.device)
     model = copy.deepcopy(model).to(device).train()
     forward = torch.compile(model) if compile else model

@@ -20,10 +20,9 @@ RECIPE = f"recipe: {RECIPE_AUGMENT['auto_augment']}, re_prob {RECIPE_AUGMENT['re
 
 
 def data_module(name: str, batch_size: int, root: Path, **options) -> ImageDataModule:
-    """``name`` at its defaults, set up; fake CIFAR-10 cannot match torchvision's MD5s."""
     datamodule = ImageDataModule(dataset=name, batch_size=batch_size, **options,
                                  **({"root": str(root)} if name == "cifar10" else {}))
-    with mock.patch("torchvision.datasets.cifar.check_integrity",
+    with mock.patch("torchvision.datasets.cifar.check_integrity",  # fake CIFAR: not its MD5s
                     lambda path, md5=None: os.path.isfile(path)):
         datamodule.setup("fit")
     return datamodule

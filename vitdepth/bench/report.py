@@ -32,7 +32,6 @@ def figures(plan: core.Plan) -> list[core.Figure]:
 
 
 def measure(plan: core.Plan, root: Path) -> dict:
-    """Every section; one that raises is recorded in ``results["errors"]``, the rest still run."""
     random.seed(0)  # RandAugment draws its ops and magnitudes from Python's random
     np.random.seed(0)
     torch.manual_seed(0)

@@ -121,10 +121,9 @@ SECTION = core.Section(
 
 
 class ProbeClock(Callback):
-    """The probes a fit makes while it trains (the last, at ``on_train_end``, has no training to
-    overlap): ``results``, each one's seconds of stopped training and of its metrics. With
-    ``probes``, it makes each next probe once the previous one's metrics are done, as an epoch
-    between them would, then stops the fit. Listed before its callback."""
+    """The probes a fit makes while it trains (``results``; the last, at ``on_train_end``, has no
+    training to overlap). With ``probes``, it makes each next probe once the previous one's metrics
+    are done, as an epoch between them would, then stops the fit. Listed before its callback."""
 
     def __init__(self, callback: RankCollapseCallback, probes: int | None = None) -> None:
         self.callback, self.probes, self.results = callback, probes, {}
@@ -184,7 +183,6 @@ PROBE_SECTION = core.Section(
 
 
 def fractions(flops: int, timings: dict[str, core.Timing], plan: core.Plan) -> dict[str, float]:
-    """Each loop's FLOP rate over the matmul's, paired round by round."""
     return {name: flops / (2 * plan.matmul_n ** 3) * core.paired(timings["matmul"], timings[name])
             for name in ("lightning", "bare")}
 
