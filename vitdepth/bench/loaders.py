@@ -89,14 +89,13 @@ def measure(bench: core.Bench) -> dict:
     defaults = {k: r["loader_over_step"] for k, r in rows.items() if r["default"] and k in shapes}
     limiting = min(defaults, key=defaults.get)
 
-    def over(device: str, pil: str) -> float | None:  # images/s per core, paired
+    def over(suffix: str) -> float | None:  # the on-device row's images/s per core / PIL's, paired
+        device, pil = ON_DEVICE + suffix, "cifar10" + suffix
         return core.paired(timings[pil], timings[device]) if {device, pil} <= set(timings) else None
 
     return {"loaders": rows, "loader_over_step": defaults[limiting], "limited_by": limiting,
-            "batches_per_pass": batches,
-            "device_loader_over_pil_per_core": over(ON_DEVICE, "cifar10"),
-            "device_recipe_over_pil_per_core": over(f"{ON_DEVICE} ({RECIPE})",
-                                                    f"cifar10 ({RECIPE})")}
+            "batches_per_pass": batches, "device_loader_over_pil_per_core": over(""),
+            "device_recipe_over_pil_per_core": over(f" ({RECIPE})")}
 
 
 def render(d: dict, plan: core.Plan) -> list[str]:
