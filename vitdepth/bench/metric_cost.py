@@ -42,8 +42,7 @@ def metrics_workload(shape: core.StepShape, device: torch.device):
     torch.manual_seed(0)
     model = build_vit("full", **shape.model_kwargs()).to(device)
     images = core.random_batch(shape, device)[0]
-    stored = probe(model, images)
-    prefix = eager(model).num_prefix_tokens
+    stored, prefix = probe(model, images), eager(model).num_prefix_tokens
     return (lambda meter=LayerMeter: measure_layers(stored, prefix, meter)), model, images
 
 
