@@ -110,8 +110,7 @@ def render(d: dict, plan: core.Plan) -> list[str]:
 
 
 SECTION = core.Section(
-    "d", "Data loaders vs the training step", measure=measure, render=render,
-    figures=(
+    "d", "Data loaders vs the training step", measure=measure, render=render, figures=(
         core.Figure("loader_over_step", "train-loader images/s / training-step images/s at the "
                     "same shape (min over default loaders)", op=">=", target=5,
                     cause="The limiting loader's own per-image Python work."),

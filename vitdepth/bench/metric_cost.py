@@ -110,8 +110,7 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
 
 
 SECTION = core.Section(
-    "c", "Metric cost and its scaling", measure=measure, render=render,
-    figures=(
+    "c", "Metric cost and its scaling", measure=measure, render=render, figures=(
         core.Figure("metrics_s_d12_b256", "seconds for all metrics after the probe forward "
                     "(depth 12, width 192, 256 images)", source=("metrics_s",)),
         core.Figure("metrics_spectrum_s_d12_b256", "of those, the Gram matrices and their "
