@@ -88,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from vitdepth.provenance import git_state, hardware, library_versions
 
     plan, quick = make_plan(args.device, args.quick), " --quick" if args.quick else ""
-    load_start, busy_start = os.getloadavg()[0], busy_cores()
-    started = time.monotonic()
+    load_start, busy_start, started = os.getloadavg()[0], busy_cores(), time.monotonic()
     when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(prefix="vitdepth-bench-") as tmp, quiet_lightning():
         results = measure(plan, Path(tmp))

@@ -197,9 +197,8 @@ def random_batch(shape: StepShape, device: torch.device) -> tuple[torch.Tensor, 
 
 def bare_loop(model: torch.nn.Module, loader: Iterable, windows: Windows, plan: Plan,
               compile: bool = False) -> Side:
-    """What Lightning automates, written out, on a copy of ``model``: zero_grad, forward under the
-    same autocast, label-smoothed cross-entropy, backward, ``ViTClassifier``'s AdamW step; a
-    window of steps on ``loader``'s batches (fetch included) per call."""
+    """What Lightning automates, written out, on a copy of ``model`` (``ViTClassifier``'s AdamW,
+    Lightning's autocast); a window of steps on ``loader``'s batches (fetch included) per call."""
     device = torch.device(plan.device)
     model = copy.deepcopy(model).to(device).train()
     forward = torch.compile(model) if compile else model
@@ -302,10 +301,6 @@ class Bench:
     probes: dict | None = None  # b: blocking and metric seconds of the probes during a's fit
 
 
-PEAK_ERROR = ("above 1: faster than the peak measured beside it, so the measurement is wrong "
-              "(a reference that ran under load, or FLOPs counted twice), not a result")
-
-
 @dataclass(frozen=True)
 class Figure:
     name: str
@@ -323,7 +318,9 @@ class Figure:
             value = value.get(key) if isinstance(value, dict) else None
         value = None if value is None else float(value)
         error = ("not measured: its section failed" if value is None else
-                 PEAK_ERROR if self.peak_fraction and value > 1 else None)
+                 "above 1: faster than the peak measured beside it, so the measurement is wrong "
+                 "(a reference that ran under load, or FLOPs counted twice), not a result"
+                 if self.peak_fraction and value > 1 else None)
         met = (None if self.op is None or value is None else
                bool(value >= self.target if self.op == ">=" else value <= self.target))
         verdict = ("ERROR" if error else "—" if met is None else "NOT JUDGED" if busy else

@@ -20,10 +20,9 @@ RECIPE = f"recipe: {RECIPE_AUGMENT['auto_augment']}, re_prob {RECIPE_AUGMENT['re
 
 
 def data_module(name: str, batch_size: int, root: Path, **options) -> ImageDataModule:
-    """``name`` at its defaults, set up; fake CIFAR-10 cannot match torchvision's MD5s."""
     datamodule = ImageDataModule(dataset=name, batch_size=batch_size, **options,
                                  **({"root": str(root)} if name == "cifar10" else {}))
-    with mock.patch("torchvision.datasets.cifar.check_integrity",
+    with mock.patch("torchvision.datasets.cifar.check_integrity",  # fake CIFAR: not its MD5s
                     lambda path, md5=None: os.path.isfile(path)):
         datamodule.setup("fit")
     return datamodule
@@ -90,14 +89,13 @@ def measure(bench: core.Bench) -> dict:
     defaults = {k: r["loader_over_step"] for k, r in rows.items() if r["default"] and k in shapes}
     limiting = min(defaults, key=defaults.get)
 
-    def over(device: str, pil: str) -> float | None:  # images/s per core, paired
+    def over(suffix: str) -> float | None:  # the on-device row's images/s per core / PIL's, paired
+        device, pil = ON_DEVICE + suffix, "cifar10" + suffix
         return core.paired(timings[pil], timings[device]) if {device, pil} <= set(timings) else None
 
     return {"loaders": rows, "loader_over_step": defaults[limiting], "limited_by": limiting,
-            "batches_per_pass": batches,
-            "device_loader_over_pil_per_core": over(ON_DEVICE, "cifar10"),
-            "device_recipe_over_pil_per_core": over(f"{ON_DEVICE} ({RECIPE})",
-                                                    f"cifar10 ({RECIPE})")}
+            "batches_per_pass": batches, "device_loader_over_pil_per_core": over(""),
+            "device_recipe_over_pil_per_core": over(f" ({RECIPE})")}
 
 
 def render(d: dict, plan: core.Plan) -> list[str]:
@@ -112,8 +110,7 @@ def render(d: dict, plan: core.Plan) -> list[str]:
 
 
 SECTION = core.Section(
-    "d", "Data loaders vs the training step", measure=measure, render=render,
-    figures=(
+    "d", "Data loaders vs the training step", measure=measure, render=render, figures=(
         core.Figure("loader_over_step", "train-loader images/s / training-step images/s at the "
                     "same shape (min over default loaders)", op=">=", target=5,
                     cause="The limiting loader's own per-image Python work."),

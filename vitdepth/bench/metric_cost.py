@@ -42,8 +42,7 @@ def metrics_workload(shape: core.StepShape, device: torch.device):
     torch.manual_seed(0)
     model = build_vit("full", **shape.model_kwargs()).to(device)
     images = core.random_batch(shape, device)[0]
-    stored = probe(model, images)
-    prefix = eager(model).num_prefix_tokens
+    stored, prefix = probe(model, images), eager(model).num_prefix_tokens
     return (lambda meter=LayerMeter: measure_layers(stored, prefix, meter)), model, images
 
 
@@ -111,8 +110,7 @@ def plot(scaling: dict | None, path: Path, title: str) -> None:
 
 
 SECTION = core.Section(
-    "c", "Metric cost and its scaling", measure=measure, render=render,
-    figures=(
+    "c", "Metric cost and its scaling", measure=measure, render=render, figures=(
         core.Figure("metrics_s_d12_b256", "seconds for all metrics after the probe forward "
                     "(depth 12, width 192, 256 images)", source=("metrics_s",)),
         core.Figure("metrics_spectrum_s_d12_b256", "of those, the Gram matrices and their "

@@ -32,15 +32,13 @@ def figures(plan: core.Plan) -> list[core.Figure]:
 
 
 def measure(plan: core.Plan, root: Path) -> dict:
-    """Every section; one that raises is recorded in ``results["errors"]``, the rest still run."""
     random.seed(0)  # RandAugment draws its ops and magnitudes from Python's random
     np.random.seed(0)
     torch.manual_seed(0)
     bench = core.Bench(plan, root)
     errors = bench.results["errors"]
     for section in sorted(sections(plan), key=lambda s: MEASURED.index(s.key)):
-        failed = [k for k in section.needs if k in errors]
-        if failed:
+        if failed := [k for k in section.needs if k in errors]:
             errors[section.key] = f"not run: it needs section {failed[0]}, which failed"
             continue
         core.log(f"{section.key}: {section.title}")
@@ -112,10 +110,6 @@ def markdown(figs: dict, results: dict, plan: core.Plan, meta: dict) -> list[str
             lines += section.render(results[section.key], plan)
         else:
             lines += [f"**ERROR**: `{results['errors'].get(section.key, 'not measured')}`", ""]
-    return lines + misses(figs, plan)
-
-
-def misses(figs: dict, plan: core.Plan) -> list[str]:
     missed = [f"- `{fig.name}` = {core.fmt(f['value'])} (target {target(f)}): {fig.cause}"
               for fig in figures(plan) if (f := figs[fig.name])["met"] is False]
-    return ["## Missed targets", "", *(missed or ["None."]), ""]
+    return [*lines, "## Missed targets", "", *(missed or ["None."]), ""]

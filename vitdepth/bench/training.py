@@ -74,7 +74,7 @@ def measure(bench: core.Bench) -> dict:
     bench.data = loaders.training_data(plan, bench.root)
     probes = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=plan.probe_size))
     bench.loops = t = core.compare_loops(plan, bench.data, root, [probes, probes.callback])
-    bench.probes = probes.results()
+    bench.probes = probes.results
     core.log(f"a: per-step overhead of vitdepth fit and of Lightning ({plan.overhead.label()})")
     windows = plan.overhead_windows
     with full_stack(plan, windows.steps, f"{root}/overhead/runs") as cli:
@@ -91,8 +91,7 @@ def measure(bench: core.Bench) -> dict:
             "block_over_timm": core.paired(t["timm"], t["bare"]),
             "overhead_shape": plan.overhead.label(), "step_overhead_ms": overhead,
             "overhead_timings": {f"{fit}_{side}": t.as_dict() for fit, sides in fits.items()
-                                 for side, t in sides.items()},
-            "lightning_floor_ms": floor,
+                                 for side, t in sides.items()}, "lightning_floor_ms": floor,
             "step_overhead_over_floor": overhead / floor if floor > 0 else None}
 
 
@@ -122,12 +121,12 @@ SECTION = core.Section(
 
 
 class ProbeClock(Callback):
-    """The probes a fit makes while it trains (the last, at ``on_train_end``, has no training to
-    overlap). With ``probes``, it makes each next probe once the previous one's metrics are done,
-    as an epoch between them would, then stops the fit. Listed before its callback."""
+    """The probes a fit makes while it trains (``results``; the last, at ``on_train_end``, has no
+    training to overlap). With ``probes``, it makes each next probe once the previous one's metrics
+    are done, as an epoch between them would, then stops the fit. Listed before its callback."""
 
     def __init__(self, callback: RankCollapseCallback, probes: int | None = None) -> None:
-        self.callback, self.probes, self.during_training = callback, probes, []
+        self.callback, self.probes, self.results = callback, probes, {}
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         timings = self.callback.timings
@@ -140,18 +139,12 @@ class ProbeClock(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.callback.flush()
-        self.during_training = list(self.callback.timings)
-
-    def results(self) -> dict[str, list[float]]:
-        """Per probe: seconds the training thread spent on it, and seconds of its metrics."""
-        return {"blocking_s": [t.stopped_s for t in self.during_training],
-                "metrics_s": [t.metrics_s for t in self.during_training]}
+        self.results = {"blocking_s": [t.stopped_s for t in self.callback.timings],
+                        "metrics_s": [t.metrics_s for t in self.callback.timings]}
 
 
 def measure_probe(bench: core.Bench) -> dict:
     plan, blocking, root = bench.plan, bench.probes["blocking_s"], bench.root / "probe"
-    # a fit at c's shape (probe images = its batch) that probes at init, then twice while it
-    # trains, each once the previous probe is done
     shape = plan.metrics
     train = dataclasses.replace(shape, batch_size=min(32, shape.batch_size))
     data = loaders.data_module("synthetic", train.batch_size, root, on_device=False,
@@ -159,7 +152,7 @@ def measure_probe(bench: core.Bench) -> dict:
     clock = ProbeClock(RankCollapseCallback(every_n_epochs=1, probe_size=shape.batch_size), 3)
     trainer = core.lightning_trainer(plan, 1000, [clock, clock.callback], str(root))
     trainer.fit(core.classifier(train), datamodule=data)
-    at_c = clock.results()
+    at_c = clock.results
     epoch_s = plan.epoch_images // plan.train.batch_size * bench.loops["lightning"].median
     return {"probe_seconds": blocking, "probe_metrics_seconds": bench.probes["metrics_s"],
             "epoch_s_scaled": epoch_s, "callback_overhead": statistics.median(blocking) / epoch_s,
@@ -190,18 +183,14 @@ PROBE_SECTION = core.Section(
 
 
 def fractions(flops: int, timings: dict[str, core.Timing], plan: core.Plan) -> dict[str, float]:
-    """Each loop's FLOP rate over the matmul's, paired round by round."""
-    per_matmul = 2 * plan.matmul_n ** 3
-    return {name: flops / per_matmul * core.paired(timings["matmul"], timings[name])
+    return {name: flops / (2 * plan.matmul_n ** 3) * core.paired(timings["matmul"], timings[name])
             for name in ("lightning", "bare")}
 
 
 def measure_flops(bench: core.Bench) -> dict:
-    """FLOPs of one step, on a copy with explicit attention: the counter has no formula for CPU's
-    fused SDPA."""
     plan, device = bench.plan, torch.device(bench.plan.device)
     model = core.classifier(plan.train).model.to(device).train()
-    for block in model.blocks:
+    for block in model.blocks:  # explicit attention: no FLOP formula for CPU's fused SDPA
         block.attn.fused_attn = False
     images, labels = core.random_batch(plan.train, device)
     with FlopCounterMode(display=False) as counter:
@@ -229,15 +218,6 @@ def measure_gpu(bench: core.Bench) -> dict:
             "mfu_bf16_compile": fraction["lightning"], "mfu_bf16_compile_bare": fraction["bare"]}
 
 
-def render_gpu(f: dict, plan: core.Plan) -> list[str]:
-    rows = [[label, f"{f[f'mfu_bf16_eager{k}']:.3f}", f"{f[f'mfu_bf16_compile{k}']:.3f}",
-             f["compiled_images_per_s"][name]]
-            for label, k, name in (("ours (Lightning)", "", "lightning"),
-                                   ("bare loop", "_bare", "bare"))]
-    return core.part(f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
-                     ["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)
-
-
 FLOP_SECTION = core.Section(
     "e", "FLOP rate of the training step", measure=measure_flops, needs=("a",),
     render=lambda e, plan: core.part(
@@ -251,8 +231,13 @@ FLOP_SECTION = core.Section(
     ))
 
 GPU_SECTION = core.Section(
-    "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, render=render_gpu,
-    needs=("a", "e"), runs=lambda plan: plan.device == "cuda",
+    "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, needs=("a", "e"),
+    runs=lambda plan: plan.device == "cuda", render=lambda f, plan: core.part(
+        f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
+        ["loop", "eager MFU", "compiled MFU", "compiled images/s"],
+        [[label, f"{f[f'mfu_bf16_eager{k}']:.3f}", f"{f[f'mfu_bf16_compile{k}']:.3f}",
+          f["compiled_images_per_s"][name]] for label, k, name in
+         (("ours (Lightning)", "", "lightning"), ("bare loop", "_bare", "bare"))]),
     not_run="Not run: this was a CPU benchmark. `vitdepth bench --device cuda` measures MFU at "
     "bf16-mixed, eager and compiled, at ViT-S/4, batch 1024 (results/bench/h200: an H200).",
     figures=(
