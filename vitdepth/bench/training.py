@@ -91,7 +91,8 @@ def measure(bench: core.Bench) -> dict:
             "block_over_timm": core.paired(t["timm"], t["bare"]),
             "overhead_shape": plan.overhead.label(), "step_overhead_ms": overhead,
             "overhead_timings": {f"{fit}_{side}": t.as_dict() for fit, sides in fits.items()
-                                 for side, t in sides.items()}, "lightning_floor_ms": floor,
+                                 for side, t in sides.items()},
+            "lightning_floor_ms": floor,
             "step_overhead_over_floor": overhead / floor if floor > 0 else None}
 
 
@@ -218,6 +219,15 @@ def measure_gpu(bench: core.Bench) -> dict:
             "mfu_bf16_compile": fraction["lightning"], "mfu_bf16_compile_bare": fraction["bare"]}
 
 
+def render_gpu(f: dict, plan: core.Plan) -> list[str]:
+    rows = [[label, f"{f[f'mfu_bf16_eager{k}']:.3f}", f"{f[f'mfu_bf16_compile{k}']:.3f}",
+             f["compiled_images_per_s"][name]]
+            for label, k, name in (("ours (Lightning)", "", "lightning"),
+                                   ("bare loop", "_bare", "bare"))]
+    return core.part(f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
+                     ["loop", "eager MFU", "compiled MFU", "compiled images/s"], rows)
+
+
 FLOP_SECTION = core.Section(
     "e", "FLOP rate of the training step", measure=measure_flops, needs=("a",),
     render=lambda e, plan: core.part(
@@ -232,12 +242,7 @@ FLOP_SECTION = core.Section(
 
 GPU_SECTION = core.Section(
     "f", "GPU: bf16-mixed, torch.compile", measure=measure_gpu, needs=("a", "e"),
-    runs=lambda plan: plan.device == "cuda", render=lambda f, plan: core.part(
-        f"GPU: {f['gpu']}; data: the whole set as one uint8 tensor on the GPU.",
-        ["loop", "eager MFU", "compiled MFU", "compiled images/s"],
-        [[label, f"{f[f'mfu_bf16_eager{k}']:.3f}", f"{f[f'mfu_bf16_compile{k}']:.3f}",
-          f["compiled_images_per_s"][name]] for label, k, name in
-         (("ours (Lightning)", "", "lightning"), ("bare loop", "_bare", "bare"))]),
+    runs=lambda plan: plan.device == "cuda", render=render_gpu,
     not_run="Not run: this was a CPU benchmark. `vitdepth bench --device cuda` measures MFU at "
     "bf16-mixed, eager and compiled, at ViT-S/4, batch 1024 (results/bench/h200: an H200).",
     figures=(
